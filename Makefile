@@ -1,0 +1,28 @@
+# dlrover-core developer entry points. `make demo` and `make test` set everything up first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
+STAMP := $(VENV)/.dlrover-setup
+
+.PHONY: setup demo test bench lint clean
+
+setup: $(STAMP)
+
+# torch is pinned to the CPU wheel that lies on this kind of machine (see docs); an
+# unpinned torch would download a multi-GB CUDA build.
+$(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml) Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0 numpy
+	$(PY) -m pip install --quiet -e '.[test]' $(addprefix -e ,$(PLUGINS))
+	touch $(STAMP)
+
+demo: setup
+	$(PY) examples/charlm/run.py --steps 300 --chaos --result-json results/demo.json
+
+test: setup
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) dlrover-runs results .pytest_cache

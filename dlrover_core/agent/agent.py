@@ -1,0 +1,230 @@
+"""The ElasticAgent: one per node; joins rounds, runs workers, reports, restarts on order.
+
+Loop::
+
+    register → join round → start nproc workers → watch them and heartbeat
+        a worker failed       → stop the others, report it; the master answers restart/stop
+        all workers succeeded → report it; wait for the master's stop (or a restart)
+        master says restart   → stop workers, join the next round
+        master says stop      → stop workers, exit
+
+Workers are stopped by SIGTERM to their whole process tree, then SIGKILL after
+``Failure.stop_grace_s``. SIGTERM/SIGINT to the agent is forwarded the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from dlrover_core.agent.launch import worker_argv, worker_env
+from dlrover_core.agent.progress import ProgressTail
+from dlrover_core.agent.workers import WorkerProcess, kill_trees
+from dlrover_core.errors import MasterUnavailableError, RendezvousError
+from dlrover_core.logging import get_logger
+from dlrover_core.master.client import MasterClient
+from dlrover_core.spec import Job
+
+__all__ = ["ElasticAgent"]
+
+log = get_logger()
+
+_POLL_S = 0.05
+
+
+class ElasticAgent:
+    """Runs the workers of one node for the whole job.
+
+    Args:
+        job: the (resolved) Job.
+        job_id: the run's id.
+        node_id: this node's stable id.
+        client: a client of the job master.
+        log_dir: the run's log directory (worker logs go to ``node_<id>/``).
+        accelerator: the node's Accelerator instance.
+        nproc: workers to start per round.
+        echo: where worker output is copied with a ``[rank N]`` prefix (stdout).
+    """
+
+    def __init__(
+        self,
+        *,
+        job: Job,
+        job_id: str,
+        node_id: int,
+        client: MasterClient,
+        log_dir: Path,
+        accelerator: Any,
+        nproc: int,
+        echo: IO[str] | None = None,
+    ) -> None:
+        self.job = job
+        self.job_id = job_id
+        self.node_id = node_id
+        self.client = client
+        self.log_dir = log_dir
+        self.node_dir = log_dir / f"node_{node_id}"
+        self.accelerator = accelerator
+        self.nproc = nproc
+        self.echo = echo if echo is not None else sys.stdout
+        self.workers: list[WorkerProcess] = []
+        self._tails: dict[int, ProgressTail] = {}
+        self._stop = threading.Event()
+        self._signal: int | None = None
+
+    # ----- entry -----------------------------------------------------------------------
+
+    def install_signal_handlers(self) -> None:
+        """Forward SIGTERM/SIGINT: stop the workers with a grace period, then exit."""
+
+        def handler(signum: int, _frame: object) -> None:
+            self._signal = signum
+            self._stop.set()
+
+        signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
+
+    def request_stop(self) -> None:
+        """Ask the agent to stop its workers and exit (thread-safe)."""
+        self._stop.set()
+
+    def run(self) -> int:
+        """Run until the master says stop; return the process exit code."""
+        self.node_dir.mkdir(parents=True, exist_ok=True)
+        self.client.call("register", {"node_id": self.node_id, "host": socket.gethostname(), "pid": os.getpid()})
+        try:
+            while not self._stop.is_set():
+                world = self._rendezvous()
+                if world is None:
+                    break
+                if self._run_round(world) == "stop":
+                    break
+        except MasterUnavailableError as exc:
+            log.error("master_unreachable", node_id=self.node_id, error=str(exc))
+            return 1
+        finally:
+            self._stop_workers()
+            try:
+                self.client.call("exited", {"node_id": self.node_id})
+            except Exception:  # the master may already be gone
+                pass
+        if self._signal is not None:
+            log.info("agent_signalled", node_id=self.node_id, signal=signal.Signals(self._signal).name)
+            return 128 + self._signal
+        return 0
+
+    # ----- rendezvous --------------------------------------------------------------------
+
+    def _rendezvous(self) -> dict[str, Any] | None:
+        answer = self.client.call("join", {"node_id": self.node_id, "nproc": self.nproc})
+        if answer.get("action") == "stop":
+            return None
+        deadline = time.monotonic() + self.job.nodes.join_timeout_s
+        while not self._stop.is_set():
+            answer = self.client.call("poll", {"node_id": self.node_id})
+            if answer["state"] == "ready":
+                log.info("rendezvous_ready", node_id=self.node_id, round=answer["round"],
+                         node_rank=answer["node_rank"], world_size=answer["world_size"])
+                return answer
+            if answer["state"] == "stop":
+                return None
+            if time.monotonic() > deadline:
+                raise RendezvousError(f"node {self.node_id}: no round formed within nodes.join_timeout_s="
+                                      f"{self.job.nodes.join_timeout_s:g} s")
+            self._stop.wait(0.1)
+        return None
+
+    # ----- one round -----------------------------------------------------------------------
+
+    def _start_workers(self, world: dict[str, Any]) -> None:
+        round_dir = self.node_dir / f"round_{world['round']}"
+        round_dir.mkdir(parents=True, exist_ok=True)
+        argv = worker_argv(self.job)
+        self.workers, self._tails = [], {}
+        for local_rank in range(int(world["nproc"])):
+            rank = int(world["rank_offset"]) + local_rank
+            progress = round_dir / f"progress_rank{rank}.jsonl"
+            env = {**os.environ, **worker_env(
+                self.job, job_id=self.job_id, node_id=self.node_id, world=world, local_rank=local_rank,
+                master_addr=self.client.addr, accelerator=self.accelerator, progress_file=str(progress),
+                log_dir=str(self.log_dir), agent_pid=os.getpid(),
+            )}
+            worker = WorkerProcess(rank=rank, local_rank=local_rank, argv=argv, env=env, cwd=self.job.workdir,
+                                   log_file=self.node_dir / f"rank_{rank}.log", echo=self.echo)
+            self.workers.append(worker)
+            self._tails[rank] = ProgressTail(progress)
+        log.info("workers_started", node_id=self.node_id, round=world["round"],
+                 ranks=[w.rank for w in self.workers], pids=[w.pid for w in self.workers])
+
+    def _stop_workers(self) -> None:
+        if self.workers:
+            kill_trees(self.workers, grace_s=self.job.failure.stop_grace_s)
+            self.workers = []
+
+    def _drain(self) -> tuple[dict[int, int], list[dict[str, Any]]]:
+        """New progress: every local rank's newest step, and rank 0's records."""
+        records: list[dict[str, Any]] = []
+        for rank, tail in self._tails.items():
+            new = tail.read()
+            if rank == 0:
+                records.extend(new)
+        steps = {rank: tail.last_step for rank, tail in self._tails.items() if tail.last_step >= 0}
+        return steps, records
+
+    def _heartbeat(self, round_index: int) -> str:
+        steps, records = self._drain()
+        answer = self.client.call("heartbeat", {
+            "node_id": self.node_id, "round": round_index,
+            "workers": {str(w.rank): w.pid for w in self.workers if w.poll() is None},
+            "steps": {str(k): v for k, v in steps.items()}, "records": records,
+        })
+        return answer["action"]
+
+    def _run_round(self, world: dict[str, Any]) -> str:
+        """Run one round's workers; return ``"restart"`` or ``"stop"``."""
+        round_index = int(world["round"])
+        self._start_workers(world)
+        interval = self.job.failure.heartbeat_interval_s
+        last_beat = 0.0
+        reported_success = False
+        while not self._stop.is_set():
+            codes = [(w, w.poll()) for w in self.workers]
+            failed = [(w, c) for w, c in codes if c not in (None, 0)]
+            if failed:
+                return self._on_failure(round_index, failed)
+            if not reported_success and all(c == 0 for _, c in codes):
+                for w in self.workers:
+                    w.join_output()
+                self._heartbeat(round_index)
+                log.info("workers_succeeded", node_id=self.node_id, round=round_index)
+                answer = self.client.call("succeeded", {"node_id": self.node_id, "round": round_index})
+                reported_success = True
+                if answer["action"] != "none":
+                    return "stop" if answer["action"] == "stop" else "restart"
+            now = time.monotonic()
+            if now - last_beat >= interval:
+                last_beat = now
+                action = self._heartbeat(round_index)
+                if action != "none":
+                    log.info("master_ordered", node_id=self.node_id, action=action, round=round_index)
+                    self._stop_workers()
+                    return action
+            self._stop.wait(_POLL_S)
+        return "stop"
+
+    def _on_failure(self, round_index: int, failed: list[tuple[WorkerProcess, int]]) -> str:
+        for w, code in failed:
+            log.warning("worker_exited", node_id=self.node_id, rank=w.rank, local_rank=w.local_rank, exit_code=code)
+        self._stop_workers()
+        self._heartbeat(round_index)  # forward the last progress before the failure
+        answer = self.client.call("failure", {
+            "node_id": self.node_id, "round": round_index,
+            "failures": [{"rank": w.rank, "local_rank": w.local_rank, "exit_code": code} for w, code in failed],
+        })
+        return "stop" if answer["action"] == "stop" else "restart"

@@ -1,0 +1,130 @@
+"""Worker processes: start with the torch environment, stream their output, kill whole trees."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+import psutil
+
+__all__ = ["WorkerProcess", "kill_trees"]
+
+# Runs in the child before exec: die with the agent (PR_SET_PDEATHSIG = 1), and exit if the
+# agent is already gone (the race between fork and prctl). A tiny interpreter start instead
+# of preexec_fn, which is unsafe in a process with threads.
+_PDEATHSIG_EXEC = (
+    "import ctypes,os,signal,sys;"
+    "ctypes.CDLL(None,use_errno=True).prctl(1,signal.SIGKILL,0,0,0);"
+    "os.getppid()==int(sys.argv[1]) or os._exit(1);"
+    "os.execvp(sys.argv[2],sys.argv[2:])"
+)
+
+
+class WorkerProcess:
+    """One worker: its process, and a thread copying its output to a log file and to the
+    agent's stdout with a ``[rank N]`` prefix.
+
+    The worker runs in its own session (process group), so the whole tree it forks can be
+    signalled, and it is killed by the kernel if the agent dies (``PR_SET_PDEATHSIG``).
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        local_rank: int,
+        argv: Sequence[str],
+        env: dict[str, str],
+        cwd: str,
+        log_file: Path,
+        echo: IO[str] | None = None,
+    ) -> None:
+        self.rank = rank
+        self.local_rank = local_rank
+        self.log_file = log_file
+        launcher: list[str] = []
+        if sys.platform == "linux":
+            launcher = [sys.executable, "-S", "-c", _PDEATHSIG_EXEC, str(os.getpid())]
+        self.popen = subprocess.Popen(
+            [*launcher, *argv], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        self.pid = self.popen.pid
+        self._echo = echo
+        self._pump = threading.Thread(target=self._copy_output, name=f"dlrover-log-rank{rank}", daemon=True)
+        self._pump.start()
+
+    def _copy_output(self) -> None:
+        assert self.popen.stdout is not None
+        prefix = f"[rank {self.rank}] "
+        with open(self.log_file, "ab") as f:
+            for line in iter(self.popen.stdout.readline, b""):
+                f.write(line)
+                f.flush()
+                if self._echo is not None:
+                    try:
+                        self._echo.write(prefix + line.decode(errors="replace"))
+                        self._echo.flush()
+                    except (ValueError, OSError):
+                        pass
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def join_output(self, timeout_s: float = 2.0) -> None:
+        """Wait until the output of an exited worker has been copied."""
+        self._pump.join(timeout_s)
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    try:
+        root = psutil.Process(pid)
+        return [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def kill_trees(workers: Sequence[WorkerProcess], *, grace_s: float) -> None:
+    """SIGTERM every worker's process tree, wait up to ``grace_s``, then SIGKILL what is left.
+
+    Trees are collected before signalling, so grandchildren are found while their parents
+    still live; each worker's process group is signalled too.
+    """
+    procs: list[psutil.Process] = []
+    for w in workers:
+        if w.poll() is None:
+            procs.extend(_tree(w.pid))
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        live = []
+        for p in procs:
+            try:
+                p.send_signal(sig)
+                live.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        for w in workers:
+            try:
+                os.killpg(w.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if sig == signal.SIGTERM:
+            _, alive = psutil.wait_procs(live, timeout=grace_s)
+            procs = alive
+            if not procs:
+                break
+        else:
+            psutil.wait_procs(live, timeout=5.0)
+    deadline = time.monotonic() + 5.0
+    for w in workers:
+        try:
+            w.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        w.join_output()

@@ -1,0 +1,144 @@
+"""The ``dlrover`` command line: ``dlrover run`` (torchrun-compatible) and ``dlrover plugins``."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from dlrover_core.errors import DLRoverError
+
+__all__ = ["main"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="dlrover-core", prog_name="dlrover")
+def main() -> None:
+    """Self-healing distributed PyTorch training."""
+
+
+# ----- dlrover run -----------------------------------------------------------------------
+
+
+def _job_name(script: str) -> str:
+    stem = Path(script).stem if script.endswith(".py") else script.split(":")[0].rsplit(".", 1)[-1]
+    name = re.sub(r"[^a-z0-9-]+", "-", stem.lower()).strip("-")[:40].strip("-")
+    return name or "job"
+
+
+def _rdzv_conf(text: str) -> dict[str, str]:
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{part!r} is not KEY=VALUE", param_hint="--rdzv-conf")
+        out[key.strip()] = value.strip()
+    return out
+
+
+@main.command(
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    short_help="Run a training script on this machine, like torchrun.",
+)
+@click.option("--nnodes", default="1", show_default=True, help="Nodes as N or MIN:MAX (elastic).")
+@click.option("--nproc-per-node", "--nproc_per_node", "nproc_per_node", default="1", show_default=True,
+              help="Workers per node, or 'auto' (one per device; on cpu half the cores).")
+@click.option("--max-restarts", "--max_restarts", "max_restarts", type=int, default=3, show_default=True,
+              help="Job-wide restart budget (all nodes together).")
+@click.option("--node-unit", "--node_unit", "node_unit", type=int, default=1, show_default=True,
+              help="Node count of a round is a multiple of this.")
+@click.option("--rdzv-conf", "--rdzv_conf", "rdzv_conf", default="", help="last_call_timeout=S,join_timeout=S")
+@click.option("--monitor-interval", "--monitor_interval", "monitor_interval", type=float, default=0.5,
+              show_default=True, help="Seconds between agent heartbeats.")
+@click.option("--run-id", "--run_id", "run_id", default=None, help="Job name (default: from the script).")
+@click.option("--log-dir", "--log_dir", "log_dir", default="dlrover-runs", show_default=True)
+@click.option("--accelerator", default="auto", show_default=True, help="cpu, cuda, ascend, ppu or auto.")
+@click.option("--scheduler", default="local", show_default=True)
+@click.option("--checkpoint-dir", default="checkpoints", show_default=True, help="Where train.Checkpointer saves.")
+@click.option("-m", "--module", "module", is_flag=True, help="Run the entrypoint as a module (python -m).")
+@click.option("--standalone", is_flag=True, help="Accepted for torchrun compatibility (always true here).")
+@click.option("--rdzv-backend", "--rdzv_backend", "rdzv_backend", default=None, hidden=True)
+@click.option("--rdzv-endpoint", "--rdzv_endpoint", "rdzv_endpoint", default=None, hidden=True)
+@click.option("--rdzv-id", "--rdzv_id", "rdzv_id", default=None, hidden=True)
+@click.option("--dryrun", is_flag=True, help="Print the plan (processes and environment) and exit.")
+@click.argument("entrypoint")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def run(nnodes, nproc_per_node, max_restarts, node_unit, rdzv_conf, monitor_interval, run_id, log_dir, accelerator,
+        scheduler, checkpoint_dir, module, standalone, rdzv_backend, rdzv_endpoint, rdzv_id, dryrun, entrypoint, args):
+    """Run ENTRYPOINT (a script, or a module with -m) with ARGS on this machine.
+
+    Accepts torchrun's flags: dlrover run --nnodes 1:2 --nproc-per-node 2 --max-restarts 3 train.py --lr 1e-3
+    """
+    from dlrover_core.spec import Checkpoint, Failure, Job, Nodes
+
+    for flag, value in (("--rdzv-backend", rdzv_backend), ("--rdzv-endpoint", rdzv_endpoint), ("--rdzv-id", rdzv_id)):
+        if value:
+            click.echo(f"note: {flag} is ignored: the job master runs the rendezvous", err=True)
+    conf = _rdzv_conf(rdzv_conf)
+    try:
+        nodes = Nodes.parse(nnodes)
+        nodes = Nodes(
+            min=nodes.min, max=nodes.max, node_unit=node_unit,
+            nproc_per_node="auto" if nproc_per_node in ("auto", "cpu", "gpu") else int(nproc_per_node),
+            last_call_s=float(conf.pop("last_call_timeout", nodes.last_call_s)),
+            join_timeout_s=float(conf.pop("join_timeout", nodes.join_timeout_s)),
+        )
+        if conf:
+            raise click.BadParameter(f"unknown keys {sorted(conf)}; known: last_call_timeout, join_timeout",
+                                     param_hint="--rdzv-conf")
+        if module and entrypoint.endswith(".py"):
+            raise click.BadParameter("with -m give a module name, not a file", param_hint="ENTRYPOINT")
+        job = Job(
+            name=_job_name(run_id or entrypoint), entrypoint=entrypoint, args=list(args), nodes=nodes,
+            accelerator=accelerator, scheduler=scheduler, checkpoint=Checkpoint(dir=checkpoint_dir),
+            failure=Failure(max_restarts=max_restarts, heartbeat_interval_s=monitor_interval,
+                            heartbeat_timeout_s=max(30.0, 10 * monitor_interval)),
+            log_dir=log_dir,
+        )
+        if dryrun:
+            click.echo(str(job.dryrun()))
+            return
+        result = job.run()
+    except (DLRoverError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    sys.exit(0 if result.state.value == "SUCCEEDED" else 1)
+
+
+# ----- dlrover plugins -----------------------------------------------------------------------
+
+
+@main.group()
+def plugins() -> None:
+    """Installed plugins and what they register."""
+
+
+@plugins.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def plugins_list(as_json: bool) -> None:
+    """List plugins: name, distribution, version, hooks, backends registered, errors."""
+    from dlrover_core.plugins import get_host
+
+    host = get_host()
+    host.registries  # noqa: B018 - build registries so backends are known
+    infos = [i.to_dict() for i in host.plugins.values()]
+    if as_json:
+        click.echo(json.dumps(infos, indent=2))
+        return
+    table = Table(title="dlrover plugins")
+    for col in ("name", "distribution", "version", "hooks", "backends", "errors"):
+        table.add_column(col, overflow="fold")
+    for i in infos:
+        backends = "; ".join(f"{k}: {', '.join(v)}" for k, v in i["backends"].items())
+        hooks = ", ".join(h.removeprefix("dlrover_") for h in i["hooks"])
+        table.add_row(i["name"], i["distribution"] or "", i["version"] or "", hooks, backends,
+                      "\n".join(i["errors"]), style="red" if i["errors"] else None)
+    Console().print(table)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

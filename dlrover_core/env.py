@@ -1,0 +1,41 @@
+"""Names of the environment variables dlrover processes hand to each other.
+
+Workers also get torch elastic's standard variables (``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``GROUP_WORLD_SIZE``, ``ROLE_RANK``,
+``ROLE_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``TORCHELASTIC_RESTART_COUNT``,
+``TORCHELASTIC_MAX_RESTARTS``, ``TORCHELASTIC_RUN_ID``, ``TORCHELASTIC_USE_AGENT_STORE``),
+so scripts written for torchrun run unchanged.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ACCELERATOR",
+    "JOB_ID",
+    "JOB_SPEC",
+    "LOG_DIR",
+    "MASTER_ADDR",
+    "NODE_ID",
+    "PROGRESS_FILE",
+    "ROUND",
+    "WATCH_PID",
+]
+
+#: The job spec as JSON (``Job.to_dict()``).
+JOB_SPEC = "DLROVER_JOB_SPEC"
+#: The job run's id.
+JOB_ID = "DLROVER_JOB_ID"
+#: The run's log directory.
+LOG_DIR = "DLROVER_LOG_DIR"
+#: ``host:port`` of the job master's HTTP API.
+MASTER_ADDR = "DLROVER_MASTER_ADDR"
+#: The node's id (stable across rounds; node *rank* can change).
+NODE_ID = "DLROVER_NODE_ID"
+#: The resolved accelerator name (never "auto").
+ACCELERATOR = "DLROVER_ACCELERATOR"
+#: The rendezvous round the worker belongs to.
+ROUND = "DLROVER_ROUND"
+#: File the worker appends progress records to (read by its agent).
+PROGRESS_FILE = "DLROVER_PROGRESS_FILE"
+#: A pid to watch: the process exits when that process is gone (local scheduler).
+WATCH_PID = "DLROVER_WATCH_PID"

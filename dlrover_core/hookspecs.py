@@ -1,0 +1,118 @@
+"""Hook specifications: every way a plugin extends dlrover-core.
+
+A plugin is a module (or object) with functions named like the specs below, marked with
+:data:`dlrover_core.hookimpl`, and published under the entry-point group ``dlrover``::
+
+    [project.entry-points.dlrover]
+    myplugin = "dlrover_plugin_myplugin"
+
+Backends are not returned from hooks: each ``dlrover_register_*`` hook receives a
+``register(obj, name=None)`` callback into a registry the core owns, so one plugin may add
+several backends, lookups by name are deterministic, and the core knows which plugin
+registered what. The core's own built-ins register through these same hooks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pluggy
+
+__all__ = ["PROJECT_NAME"]
+
+PROJECT_NAME = "dlrover"
+
+_hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+
+Register = Callable[..., None]
+
+# ---------------------------------------------------------------------------------------
+# Backends: accelerators, schedulers, checkpoint storage, optimizers, parallel strategies
+# ---------------------------------------------------------------------------------------
+
+
+@_hookspec
+def dlrover_register_accelerators(register: Register) -> None:
+    """Register accelerator backends (device probes).
+
+    Call ``register(cls)`` once per :class:`~dlrover_core.accelerators.Accelerator`
+    subclass; its ``name`` attribute is the name a Job's ``accelerator=`` field selects and
+    its ``priority`` orders candidates for ``accelerator="auto"`` (highest present wins).
+    ``register`` raises :class:`~dlrover_core.errors.PluginError` for an object that is not
+    an Accelerator subclass.
+
+    Return value is ignored. Implemented by the core (``cpu``) and accelerator plugins
+    (``dlrover-plugin-cuda``, ``-ascend``, ``-ppu``). Importing the hook's module must not
+    import a vendor stack: probe lazily in ``probe()``.
+    """
+
+
+@_hookspec
+def dlrover_register_schedulers(register: Register) -> None:
+    """Register scheduler backends.
+
+    Call ``register(cls)`` once per :class:`~dlrover_core.schedulers.SchedulerBackend`
+    subclass; its ``name`` is what ``Job(scheduler=...)`` selects. The class is
+    instantiated with no arguments; ``dryrun(job)`` must be pure (no side effects).
+
+    Return value is ignored. Implemented by the core (``local``) and scheduler plugins.
+    """
+
+
+@_hookspec
+def dlrover_register_storages(register: Register) -> None:
+    """Register checkpoint storage backends.
+
+    Call ``register(cls)`` once per :class:`~dlrover_core.storage.CheckpointStorage`
+    subclass; its ``name`` is what ``Checkpoint(storage=...)`` selects. Instances are built
+    as ``cls(url)`` where ``url`` is the Checkpoint's ``dir``. Writes must be atomic
+    (staging name, fsync, rename) so a crash never leaves a torn file under a final name.
+
+    Return value is ignored. Implemented by the core (``posix``) and storage plugins.
+    """
+
+
+@_hookspec
+def dlrover_register_optimizers(register: Register) -> None:
+    """Register optimizers by name.
+
+    Call ``register(factory, name="...")`` where ``factory(params, **kwargs)`` returns a
+    :class:`torch.optim.Optimizer` (an optimizer class is such a factory). ``kwargs`` are the
+    options of ``Optimizer(name, **kwargs)`` in the Job.
+
+    Return value is ignored. Implemented by the core (torch's ``adamw``, ``adam``, ``sgd``)
+    and optimizer plugins (``dlrover-plugin-optim-agd``).
+    """
+
+
+@_hookspec
+def dlrover_register_parallel_strategies(register: Register) -> None:
+    """Register parallel strategies by name (ATorch style).
+
+    Call ``register(fn, name="...")`` where ``fn(model, ctx, **options)`` returns the
+    transformed :class:`torch.nn.Module`; ``ctx`` is the worker's
+    :class:`~dlrover_core.train.WorkerInfo`. ``train.prepare()`` applies the Job's strategies
+    in the order given, before building the optimizer.
+
+    Return value is ignored. Implemented by the core (``ddp``) and strategy plugins.
+    """
+
+
+# ---------------------------------------------------------------------------------------
+# Lifecycle observers
+# ---------------------------------------------------------------------------------------
+
+
+@_hookspec
+def dlrover_on_job_event(event: Any) -> None:
+    """Observe a job event in the job master.
+
+    ``event`` is a :class:`~dlrover_core.events.JobEvent` with ``kind`` one of
+    ``rendezvous_completed``, ``worker_failed``, ``workers_restarted``,
+    ``checkpoint_committed``, ``checkpoint_restored``, ``job_finished`` (more may be added;
+    ignore kinds you do not know) and ``data``, a JSON-safe dict.
+
+    Return value is ignored. Exceptions are logged and swallowed: an observer never stops
+    the job. Called on the master's thread, so do not block (queue slow work).
+    """

@@ -1,0 +1,126 @@
+"""Rendezvous rounds: which nodes train together, decided by the master.
+
+Rules (DLRover's ``ElasticTrainingRendezvousManager`` and torch elastic's dynamic
+rendezvous, re-derived):
+
+* Nodes join the round being formed; each round is numbered, starting at 0.
+* The round completes at once when ``max_nodes`` wait, or when every live node waits and
+  that is at least ``min_nodes``.
+* Otherwise, once at least ``min_nodes`` wait and no node joined for ``last_call_s``, it
+  completes with the waiting nodes rounded down to a multiple of ``node_unit``.
+* Nodes taken are the earliest joiners (ties by node id); the rest keep waiting for the next
+  round. Node ranks follow node ids, so a node keeps its rank across restarts when the
+  membership is unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import attrs
+
+__all__ = ["RendezvousManager", "Round"]
+
+
+@attrs.frozen(kw_only=True)
+class Round:
+    """A completed round: ``node_ids[i]`` has node rank ``i``; ``nproc[i]`` its workers."""
+
+    index: int
+    node_ids: tuple[int, ...]
+    nproc: tuple[int, ...]
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.nproc)
+
+    def node_rank(self, node_id: int) -> int:
+        return self.node_ids.index(node_id)
+
+    def rank_offset(self, node_id: int) -> int:
+        return sum(self.nproc[: self.node_rank(node_id)])
+
+
+class RendezvousManager:
+    """Forms rounds from joining nodes. Not thread-safe: the master holds its lock."""
+
+    def __init__(
+        self,
+        *,
+        min_nodes: int,
+        max_nodes: int,
+        node_unit: int = 1,
+        last_call_s: float = 3.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not 1 <= min_nodes <= max_nodes:
+            raise ValueError(f"need 1 <= min_nodes <= max_nodes, got {min_nodes}, {max_nodes}")
+        self.min_nodes = min_nodes
+        self.max_nodes = max_nodes
+        self.node_unit = node_unit
+        self.last_call_s = last_call_s
+        self._clock = clock
+        self._waiting: dict[int, tuple[float, int]] = {}  # node_id -> (join time, nproc)
+        self._last_join = 0.0
+        self._forming_since: float | None = None
+        self.latest: Round | None = None
+
+    @property
+    def next_index(self) -> int:
+        """Index of the round being formed."""
+        return 0 if self.latest is None else self.latest.index + 1
+
+    @property
+    def waiting(self) -> list[int]:
+        return sorted(self._waiting)
+
+    @property
+    def forming_since(self) -> float | None:
+        """When the first node of the round being formed joined (``None``: nobody waits)."""
+        return self._forming_since
+
+    def join(self, node_id: int, nproc: int) -> int:
+        """``node_id`` waits for the next round with ``nproc`` workers; returns its index."""
+        now = self._clock()
+        if node_id not in self._waiting:
+            self._waiting[node_id] = (now, nproc)
+            self._last_join = now
+            if self._forming_since is None:
+                self._forming_since = now
+        return self.next_index
+
+    def leave(self, node_id: int) -> None:
+        """Drop a waiting node (it died or was excluded)."""
+        self._waiting.pop(node_id, None)
+        if not self._waiting:
+            self._forming_since = None
+
+    def try_complete(self, live_nodes: int | None = None) -> Round | None:
+        """Complete the round being formed if the rules allow; return it or ``None``.
+
+        Args:
+            live_nodes: how many nodes are alive; when all of them wait the round need not
+                wait for the last call.
+        """
+        n = len(self._waiting)
+        if n < self.min_nodes:
+            return None
+        if n >= self.max_nodes:
+            take = self.max_nodes
+        else:
+            everyone = live_nodes is not None and n >= live_nodes
+            if not everyone and self._clock() - self._last_join < self.last_call_s:
+                return None
+            take = n
+        take = take // self.node_unit * self.node_unit
+        if take < self.min_nodes:
+            return None
+        chosen = sorted(self._waiting, key=lambda nid: (self._waiting[nid][0], nid))[:take]
+        node_ids = tuple(sorted(chosen))
+        rnd = Round(index=self.next_index, node_ids=node_ids, nproc=tuple(self._waiting[n][1] for n in node_ids))
+        for nid in node_ids:
+            del self._waiting[nid]
+        self._forming_since = self._clock() if self._waiting else None
+        self.latest = rnd
+        return rnd

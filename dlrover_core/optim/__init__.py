@@ -1,0 +1,1 @@
+"""Optimizers registered by name; the core registers torch's ``adamw``, ``adam``, ``sgd``."""

@@ -1,0 +1,1 @@
+"""Parallel strategies applied by ``train.prepare()``; the core registers ``ddp``."""

@@ -1,0 +1,112 @@
+"""What a finished job reports: :class:`JobResult` and one :class:`FailureRecord` per failure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import cattrs
+
+from dlrover_core.schedulers.base import JobState
+
+__all__ = ["FailureRecord", "JobResult", "JobState"]
+
+
+@attrs.frozen(kw_only=True)
+class FailureRecord:
+    """One worker failure and what the master did about it.
+
+    Attributes:
+        time_s: seconds since the job started.
+        round: rendezvous round the failure happened in.
+        node_id: the failed worker's node.
+        rank: global rank of the failed worker (``None`` when the node itself failed).
+        local_rank: local rank on its node.
+        exit_code: process exit code; negative means killed by a signal (``-9`` = SIGKILL).
+        signal: signal name when killed by one (``"SIGKILL"``), else ``None``.
+        step: newest step the job had reported when it failed.
+        last_committed_step: newest committed checkpoint step at that time (``None``: none).
+        action: what was done, in words (``"restarted all workers (round 2)"``).
+        restored_step: the step training resumed from after this failure (``None``: fresh).
+        restored_from: ``"storage"``, ``"memory"`` or ``None``.
+    """
+
+    time_s: float
+    round: int
+    node_id: int
+    rank: int | None
+    local_rank: int | None
+    exit_code: int | None
+    signal: str | None
+    step: int
+    last_committed_step: int | None
+    action: str
+    restored_step: int | None = None
+    restored_from: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class JobResult:
+    """How a job ended.
+
+    Attributes:
+        job_id: the run's id; ``log_dir`` holds its logs, ``events.jsonl`` and ``result.json``.
+        state: SUCCEEDED, FAILED or CANCELLED.
+        reason: why it failed or was cancelled ("" on success).
+        final_step: newest step reported by rank 0.
+        restarts: restarts taken from the job-wide budget.
+        wall_time_s: seconds from master start to the end.
+        productive_s: seconds of step time that count toward the final model (rank 0).
+        goodput: ``productive_s / wall_time_s`` (0..1).
+        checkpoint_stall_s: seconds training waited on checkpoint saves (rank 0).
+        restore_s: seconds spent restoring checkpoints (rank 0).
+        recomputed_s: seconds of step time lost to failures and computed again.
+        failures: one record per failure, in order.
+        metrics: newest value of every metric rank 0 reported.
+        log_dir: the run's directory.
+    """
+
+    job_id: str
+    state: JobState
+    reason: str
+    final_step: int
+    restarts: int
+    wall_time_s: float
+    productive_s: float
+    goodput: float
+    checkpoint_stall_s: float
+    restore_s: float
+    recomputed_s: float
+    failures: tuple[FailureRecord, ...]
+    metrics: dict[str, float]
+    log_dir: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return _converter.unstructure(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> JobResult:
+        return _converter.structure(data, cls)
+
+    def summary(self) -> str:
+        """A few readable lines for the console."""
+        lines = [
+            f"job {self.job_id}: {self.state.value}" + (f" — {self.reason}" if self.reason else ""),
+            f"  final step {self.final_step}, restarts {self.restarts}, wall time {self.wall_time_s:.1f} s",
+            f"  goodput {self.goodput:.1%} (productive {self.productive_s:.1f} s, checkpoint stall "
+            f"{self.checkpoint_stall_s:.2f} s, restore {self.restore_s:.2f} s, recomputed {self.recomputed_s:.1f} s)",
+        ]
+        for f in self.failures:
+            who = f"rank {f.rank}" if f.rank is not None else f"node {f.node_id}"
+            how = f.signal or f"exit code {f.exit_code}"
+            restored = ""
+            if f.restored_from:
+                restored = f"; resumed from step {f.restored_step} ({f.restored_from})"
+            lines.append(f"  failure at {f.time_s:.1f} s, step {f.step}: {who} {how} → {f.action}{restored}")
+        if self.metrics:
+            lines.append("  metrics: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(self.metrics.items())))
+        lines.append(f"  logs: {self.log_dir}")
+        return "\n".join(lines)
+
+
+_converter = cattrs.Converter()

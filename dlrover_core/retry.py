@@ -1,0 +1,47 @@
+"""Named, bounded retry policies (tenacity), composed from stop / wait / retry parts.
+
+Every network call the project makes goes through one of these. ``sleep`` is injectable so
+tests run instantly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import httpx
+import tenacity
+
+from dlrover_core.errors import TransientError
+
+__all__ = ["RETRYABLE_RPC_ERRORS", "rpc_retrying"]
+
+#: Errors of a master RPC that a retry may cure: connection refused or reset, a timeout,
+#: or a 5xx answer (raised by the client as TransientError).
+RETRYABLE_RPC_ERRORS: tuple[type[BaseException], ...] = (
+    httpx.TransportError,
+    TransientError,
+)
+
+
+def rpc_retrying(
+    *,
+    attempts: int = 6,
+    max_total_s: float = 30.0,
+    initial_wait_s: float = 0.05,
+    max_wait_s: float = 2.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tenacity.Retrying:
+    """Policy for agent/worker → master calls.
+
+    Stops after ``attempts`` tries or ``max_total_s`` seconds, whichever comes first, waiting
+    exponentially with jitter between ``initial_wait_s`` and ``max_wait_s``. Re-raises the
+    last error (``reraise=True``) so callers see the real cause.
+    """
+    return tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(attempts) | tenacity.stop_after_delay(max_total_s),
+        wait=tenacity.wait_exponential_jitter(initial=initial_wait_s, max=max_wait_s),
+        retry=tenacity.retry_if_exception_type(RETRYABLE_RPC_ERRORS),
+        sleep=sleep,
+        reraise=True,
+    )

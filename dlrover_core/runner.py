@@ -1,0 +1,140 @@
+"""``Job.run()``: resolve plugins → dry-run → submit → watch (logs, progress) → JobResult."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.text import Text
+
+from dlrover_core.errors import SchedulerError
+from dlrover_core.logging import get_logger
+from dlrover_core.plugins import get_host
+from dlrover_core.result import JobResult
+from dlrover_core.schedulers.base import JobHandle, JobState, JobStatus, Plan, SchedulerBackend
+from dlrover_core.spec import Job
+
+__all__ = ["JobRun", "dryrun", "submit"]
+
+log = get_logger()
+
+#: How long a terminal job may take to write its result (agents drain first).
+_RESULT_WAIT_S = 60.0
+
+
+def _backend(job: Job) -> SchedulerBackend:
+    return get_host().registries.scheduler.get(job.scheduler)()
+
+
+def dryrun(job: Job) -> Plan:
+    """The plan ``job`` would run with, from its scheduler backend. No side effects."""
+    return _backend(job).dryrun(job)
+
+
+def submit(job: Job) -> JobRun:
+    """Dry-run ``job``, submit the plan and return a :class:`JobRun` without waiting."""
+    backend = _backend(job)
+    plan = backend.dryrun(job)
+    handle = backend.submit(plan)
+    log.info("job_submitted", job_id=handle.job_id, scheduler=backend.name, log_dir=handle.log_dir)
+    return JobRun(backend=backend, plan=plan, handle=handle)
+
+
+def _progress_text(s: JobStatus, elapsed_s: float) -> str:
+    parts = [f"{s.state.value.lower()}", f"step {s.step if s.step >= 0 else '-'}"]
+    for key in ("loss", "val_loss"):
+        if key in s.metrics:
+            parts.append(f"{key} {s.metrics[key]:.4f}")
+    parts += [f"nodes {s.nodes}/{s.max_nodes}", f"restarts {s.restarts}", f"{elapsed_s:.0f} s"]
+    return " | ".join(parts)
+
+
+class JobRun:
+    """A submitted job: ask its status, stream its logs, cancel it, or wait for its result."""
+
+    def __init__(self, *, backend: SchedulerBackend, plan: Plan, handle: JobHandle) -> None:
+        self.backend = backend
+        self.plan = plan
+        self.handle = handle
+
+    @property
+    def job_id(self) -> str:
+        return self.handle.job_id
+
+    def status(self) -> JobStatus:
+        return self.backend.status(self.handle)
+
+    def cancel(self) -> None:
+        self.backend.cancel(self.handle)
+
+    def logs(self, *, follow: bool = False) -> Any:
+        return self.backend.logs(self.handle, follow=follow)
+
+    def wait(self, *, progress: bool = True, timeout_s: float | None = None, poll_s: float = 0.5) -> JobResult:
+        """Block until the job ends; return its :class:`JobResult`.
+
+        With ``progress``, stream the job's logs (prefixed by node and rank) and show a live
+        line (step, loss, nodes, restarts). Ctrl-C cancels the job. Every process the job
+        started is gone when this returns.
+
+        Raises:
+            TimeoutError: ``timeout_s`` passed (the job is cancelled first).
+        """
+        console = Console(highlight=False)
+        start = time.monotonic()
+        pump: threading.Thread | None = None
+        if progress:
+            def copy_logs() -> None:
+                for line in self.backend.logs(self.handle, follow=True):
+                    console.print(Text(line), soft_wrap=True)
+
+            pump = threading.Thread(target=copy_logs, name="dlrover-logs", daemon=True)
+            pump.start()
+        last_plain = 0.0
+        last_key: tuple[Any, ...] = ()
+        timed_out = False
+        live = Live(console=console, auto_refresh=False, transient=True) if progress and console.is_terminal else None
+        try:
+            if live is not None:
+                live.start()
+            terminal_since: float | None = None
+            while True:
+                if self.backend.result(self.handle) is not None:
+                    break
+                status = self.status()
+                if status.state.is_terminal:
+                    # the result follows once agents have drained; a dead master never writes one
+                    terminal_since = terminal_since or time.monotonic()
+                    if time.monotonic() - terminal_since > _RESULT_WAIT_S:
+                        break
+                line = _progress_text(status, time.monotonic() - start)
+                key = (status.state, status.nodes, status.restarts)
+                if live is not None:
+                    live.update(Text(line, style="bold"), refresh=True)
+                elif progress and (time.monotonic() - last_plain > 15 or key != last_key):
+                    console.print(Text("progress: " + line), soft_wrap=True)
+                    last_plain = time.monotonic()
+                last_key = key
+                if timeout_s is not None and time.monotonic() - start > timeout_s:
+                    timed_out = True
+                    break
+                time.sleep(poll_s)
+        except KeyboardInterrupt:
+            console.print(Text("interrupted: cancelling the job"))
+        finally:
+            if live is not None:
+                live.stop()
+            self.backend.cancel(self.handle)  # idempotent: ends the job, removes every process
+            if pump is not None:
+                pump.join(timeout=10)
+        if timed_out:
+            raise TimeoutError(f"job {self.job_id} did not finish within {timeout_s} s; it was cancelled")
+        result = self.backend.result(self.handle)
+        if result is None:
+            raise SchedulerError(f"job {self.job_id} ended without a result; see {self.handle.log_dir}")
+        if progress:
+            console.print(Text(result.summary()), soft_wrap=True)
+        return result

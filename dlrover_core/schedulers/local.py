@@ -1,0 +1,307 @@
+"""The built-in ``local`` scheduler: the master and one agent process per node, on this machine.
+
+Each simulated node is a real agent process with its own workers; they rendezvous over
+loopback, exactly as on a cluster. ``submit`` writes into the run's log directory:
+
+    plan.txt      the dry-run plan            master.log   the master's output
+    handle.json   pids and the master address node_<i>.log each agent's output (workers prefixed)
+    events.jsonl  job events (by the master)  node_<i>/     per-rank logs and progress files
+    result.json   the JobResult (by the master, at the end)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import httpx
+import psutil
+
+from dlrover_core import env
+from dlrover_core.agent.launch import worker_argv, worker_env
+from dlrover_core.errors import SchedulerError
+from dlrover_core.plugins import get_host, hookimpl
+from dlrover_core.result import JobResult
+from dlrover_core.schedulers.base import (
+    Capabilities,
+    JobHandle,
+    JobState,
+    JobStatus,
+    Plan,
+    ProcessSpec,
+    SchedulerBackend,
+)
+from dlrover_core.spec import Job
+
+__all__ = ["LocalScheduler"]
+
+_MASTER_START_TIMEOUT_S = 60.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _kill_tree(pid: int, grace_s: float) -> None:
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5.0)
+
+
+class LocalScheduler(SchedulerBackend):
+    """Runs every node of a job as processes on this machine."""
+
+    name = "local"
+    capabilities = Capabilities(elastic=True, relaunch_node=True, follow_logs=True, multi_host=False)
+
+    def __init__(self) -> None:
+        self._popens: dict[str, dict[str, subprocess.Popen]] = {}
+
+    # ----- plan --------------------------------------------------------------------------
+
+    def dryrun(self, job: Job) -> Plan:
+        self.check(job)
+        accelerator = get_host().create_accelerator(job.accelerator)
+        nproc = job.nodes.nproc_per_node
+        nproc = accelerator.default_nproc_per_node() if nproc == "auto" else int(nproc)
+        job = attrs.evolve(
+            job, accelerator=accelerator.name, nodes=attrs.evolve(job.nodes, nproc_per_node=nproc),
+            workdir=str(Path(job.workdir).resolve()), log_dir=str(Path(job.log_dir).resolve()),
+        )
+        job_id = f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        log_dir = Path(job.log_dir) / job_id
+        port = _free_port()
+        master_addr = f"127.0.0.1:{port}"
+        python = sys.executable
+        base_env = {
+            env.JOB_SPEC: json.dumps(job.to_dict(), separators=(",", ":")),
+            env.JOB_ID: job_id,
+            env.LOG_DIR: str(log_dir),
+            env.WATCH_PID: str(os.getpid()),
+            "PYTHONUNBUFFERED": "1",
+        }
+        if "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in job.env:
+            # every node shares this machine: split its cores between all workers
+            base_env["OMP_NUM_THREADS"] = str(max(1, _cores() // (job.nodes.max * nproc)))
+        master = ProcessSpec(
+            role="master", name="master",
+            argv=(python, "-m", "dlrover_core.master", "--job-id", job_id, "--host", "127.0.0.1", "--port", str(port),
+                  "--store-host", "127.0.0.1", "--log-dir", str(log_dir)),
+            env=base_env, cwd=job.workdir, log_file=str(log_dir / "master.log"),
+        )
+        agents = tuple(
+            ProcessSpec(
+                role="agent", name=f"node-{i}",
+                argv=(python, "-m", "dlrover_core.agent", "--job-id", job_id, "--node-id", str(i),
+                      "--master-addr", master_addr, "--log-dir", str(log_dir)),
+                env={**base_env, env.ACCELERATOR: accelerator.name, env.MASTER_ADDR: master_addr},
+                cwd=job.workdir, log_file=str(log_dir / f"node_{i}.log"),
+            )
+            for i in range(job.nodes.max)
+        )
+        workers = []
+        for node_rank in range(job.nodes.max):
+            world = {
+                "round": 0, "node_rank": node_rank, "num_nodes": job.nodes.max, "rank_offset": node_rank * nproc,
+                "nproc": nproc, "world_size": job.nodes.max * nproc, "store_host": "127.0.0.1",
+                "store_port": "<fresh port per round, chosen by the master>", "restart_count": 0,
+                "max_restarts": job.failure.max_restarts,
+            }
+            for local_rank in range(nproc):
+                rank = node_rank * nproc + local_rank
+                progress = log_dir / f"node_{node_rank}" / "round_0" / f"progress_rank{rank}.jsonl"
+                variables = worker_env(
+                    job, job_id=job_id, node_id=node_rank, world=world, local_rank=local_rank,
+                    master_addr=master_addr, accelerator=accelerator, progress_file=str(progress),
+                    log_dir=str(log_dir), agent_pid=0,
+                )
+                variables[env.WATCH_PID] = "<pid of the agent>"
+                workers.append(ProcessSpec(
+                    role="worker", name=f"rank-{rank}", argv=tuple(worker_argv(job, python)), env=variables,
+                    cwd=job.workdir, log_file=str(log_dir / f"node_{node_rank}" / f"rank_{rank}.log"),
+                ))
+        return Plan(scheduler=self.name, job_id=job_id, job=job, log_dir=str(log_dir),
+                    processes=(master, *agents), workers=tuple(workers))
+
+    # ----- side effects ------------------------------------------------------------------
+
+    def _start(self, job_id: str, spec: ProcessSpec) -> subprocess.Popen:
+        log_file = open(spec.log_file, "ab")
+        try:
+            popen = subprocess.Popen(
+                list(spec.argv), env={**os.environ, **spec.env}, cwd=spec.cwd, stdin=subprocess.DEVNULL,
+                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        finally:
+            log_file.close()
+        self._popens.setdefault(job_id, {})[f"{spec.name}:{popen.pid}"] = popen
+        return popen
+
+    def submit(self, plan: Plan) -> JobHandle:
+        log_dir = Path(plan.log_dir)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        (log_dir / "plan.txt").write_text(str(plan) + "\n")
+        master_spec = next(p for p in plan.processes if p.role == "master")
+        agent_specs = [p for p in plan.processes if p.role == "agent"]
+        master_addr = agent_specs[0].env[env.MASTER_ADDR]
+        master = self._start(plan.job_id, master_spec)
+        deadline = time.monotonic() + _MASTER_START_TIMEOUT_S
+        while True:
+            try:
+                httpx.get(f"http://{master_addr}/v1/status", timeout=1.0).raise_for_status()
+                break
+            except httpx.HTTPError:
+                pass
+            if master.poll() is not None or time.monotonic() > deadline:
+                _kill_tree(master.pid, 1.0)
+                tail = Path(master_spec.log_file).read_text(errors="replace")[-2000:]
+                raise SchedulerError(f"the job master did not start (exit code {master.poll()}); master.log ends:\n{tail}")
+            time.sleep(0.1)
+        agents = {spec.name: self._start(plan.job_id, spec).pid for spec in agent_specs}
+        handle_info = {
+            "job_id": plan.job_id, "master_addr": master_addr, "master_pid": master.pid, "agents": agents,
+            "processes": [attrs.asdict(p) for p in plan.processes],
+        }
+        (log_dir / "handle.json").write_text(json.dumps(handle_info, indent=2))
+        return JobHandle(scheduler=self.name, job_id=plan.job_id, log_dir=str(log_dir), native_id=str(master.pid))
+
+    def _info(self, handle: JobHandle) -> dict:
+        try:
+            return json.loads((Path(handle.log_dir) / "handle.json").read_text())
+        except FileNotFoundError:
+            raise SchedulerError(f"no local job {handle.job_id} under {handle.log_dir}") from None
+
+    def _reap(self, handle: JobHandle) -> None:
+        for popen in self._popens.get(handle.job_id, {}).values():
+            popen.poll()
+
+    def master_exited(self, handle: JobHandle) -> bool:
+        """Whether the job's master process has exited."""
+        self._reap(handle)
+        return not _alive(int(self._info(handle)["master_pid"]))
+
+    def status(self, handle: JobHandle) -> JobStatus:
+        info = self._info(handle)
+        try:
+            s = httpx.get(f"http://{info['master_addr']}/v1/status", timeout=2.0).json()
+            return JobStatus(
+                state=JobState(s["state"]), step=s["step"], metrics=s["metrics"], nodes=s["nodes"],
+                max_nodes=s["max_nodes"], restarts=s["restarts"], round=s["round"], message=s["message"],
+                worker_pids={int(r): int(pid) for n in s["node_table"] for r, pid in n["workers"].items()},
+            )
+        except (httpx.HTTPError, ValueError, KeyError):
+            result = self.result(handle)
+            if result is not None:
+                return JobStatus(state=result.state, step=result.final_step, metrics=result.metrics,
+                                 restarts=result.restarts, message=result.reason)
+            if self.master_exited(handle):
+                return JobStatus(state=JobState.FAILED, message="the job master exited without a result")
+            return JobStatus(state=JobState.UNKNOWN, message="the job master is not answering")
+
+    def logs(self, handle: JobHandle, *, follow: bool = False) -> Iterator[str]:
+        log_dir = Path(handle.log_dir)
+        offsets: dict[Path, int] = {}
+        partial: dict[Path, bytes] = {}
+
+        def sources() -> list[tuple[str, Path]]:
+            out = [("master", log_dir / "master.log")]
+            out += [(p.stem.replace("_", "-"), p) for p in sorted(log_dir.glob("node_*.log"))]
+            return out
+
+        def read_new() -> Iterator[str]:
+            for name, path in sources():
+                try:
+                    with open(path, "rb") as f:
+                        f.seek(offsets.get(path, 0))
+                        chunk = f.read()
+                except FileNotFoundError:
+                    continue
+                offsets[path] = offsets.get(path, 0) + len(chunk)
+                lines = (partial.get(path, b"") + chunk).split(b"\n")
+                partial[path] = lines.pop()
+                for line in lines:
+                    yield f"[{name}] {line.decode(errors='replace')}"
+
+        while True:
+            done = not follow or self.master_exited(handle)
+            yield from read_new()
+            if done:
+                for path, rest in partial.items():
+                    if rest:
+                        yield f"[{path.stem.replace('_', '-')}] {rest.decode(errors='replace')}"
+                return
+            time.sleep(0.1)
+
+    def cancel(self, handle: JobHandle) -> None:
+        info = self._info(handle)
+        grace_s = 5.0
+        if _alive(int(info["master_pid"])):
+            try:
+                httpx.post(f"http://{info['master_addr']}/v1/cancel", json={"reason": "cancelled by the user"},
+                           timeout=2.0)
+            except httpx.HTTPError:
+                pass
+            deadline = time.monotonic() + 30.0
+            while _alive(int(info["master_pid"])) and time.monotonic() < deadline:
+                self._reap(handle)
+                time.sleep(0.1)
+        for pid in [*info["agents"].values(), *info.get("relaunched", {}).values(), info["master_pid"]]:
+            _kill_tree(int(pid), grace_s)
+        self._reap(handle)
+
+    def relaunch_node(self, handle: JobHandle, node_id: int) -> None:
+        info = self._info(handle)
+        spec_dict = next((p for p in info["processes"] if p["name"] == f"node-{node_id}"), None)
+        if spec_dict is None:
+            raise SchedulerError(f"job {handle.job_id} has no node {node_id}")
+        spec = ProcessSpec(**{**spec_dict, "argv": tuple(spec_dict["argv"])})
+        popen = self._start(handle.job_id, spec)
+        info.setdefault("relaunched", {})[f"node-{node_id}:{popen.pid}"] = popen.pid
+        (Path(handle.log_dir) / "handle.json").write_text(json.dumps(info, indent=2))
+
+    def result(self, handle: JobHandle) -> JobResult | None:
+        path = Path(handle.log_dir) / "result.json"
+        try:
+            return JobResult.from_dict(json.loads(path.read_text()))
+        except FileNotFoundError:
+            return None
+
+
+@hookimpl
+def dlrover_register_schedulers(register):
+    register(LocalScheduler)

@@ -1,0 +1,369 @@
+"""The job spec: plain, frozen data describing what to run and how to keep it running.
+
+Every class is frozen and keyword-only (change a value with :func:`attrs.evolve`); every
+invalid field raises :class:`~dlrover_core.errors.JobSpecError` naming the field, the value
+and what is allowed. A :class:`Job` crosses process and container boundaries as a dict
+(:meth:`Job.to_dict` / :meth:`Job.from_dict`, via cattrs).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import cattrs
+
+from dlrover_core.errors import JobSpecError
+
+if TYPE_CHECKING:
+    from dlrover_core.result import JobResult
+    from dlrover_core.runner import JobRun
+    from dlrover_core.schedulers.base import Plan
+
+__all__ = ["Checkpoint", "Failure", "Job", "Nodes", "Optimizer", "Parallel"]
+
+
+# ----- small validators --------------------------------------------------------------------
+
+
+def _int_at_least(field: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise JobSpecError(field, value, f"an integer >= {low}")
+
+
+def _positive_number(field: str, value: Any, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise JobSpecError(field, value, "a number of seconds > 0" + (" or None" if allow_none else ""))
+
+
+# ----- parts ------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Nodes:
+    """How many nodes (agents) the job runs on, and processes per node.
+
+    Attributes:
+        min: fewest nodes the job may train with (>= 1).
+        max: most nodes (>= min); defaults to ``min``.
+        nproc_per_node: worker processes per node, or ``"auto"`` (the accelerator's device
+            count; on cpu half the cores).
+        node_unit: the node count of a round is a multiple of this (DLRover's
+            ``--node-unit``), e.g. to keep a tensor-parallel group whole.
+        last_call_s: once ``min`` nodes wait, how long a round waits for more before it
+            starts without them (torch elastic's ``last_call_timeout``).
+        join_timeout_s: how long an agent waits for a round to complete before giving up.
+    """
+
+    min: int = 1
+    max: int = attrs.field()
+    nproc_per_node: int | str = 1
+    node_unit: int = 1
+    last_call_s: float = 3.0
+    join_timeout_s: float = 600.0
+
+    @max.default
+    def _max_default(self) -> int:
+        return self.min
+
+    def __attrs_post_init__(self) -> None:
+        _int_at_least("nodes.min", self.min, 1)
+        _int_at_least("nodes.max", self.max, 1)
+        if self.max < self.min:
+            raise JobSpecError("nodes.max", self.max, f"an integer >= nodes.min ({self.min})")
+        if self.nproc_per_node != "auto":
+            _int_at_least("nodes.nproc_per_node", self.nproc_per_node, 1)
+        _int_at_least("nodes.node_unit", self.node_unit, 1)
+        if self.node_unit > self.max or self.max // self.node_unit * self.node_unit < self.min:
+            raise JobSpecError(
+                "nodes.node_unit", self.node_unit,
+                f"a unit such that some multiple of it lies in [{self.min}, {self.max}]",
+            )
+        if isinstance(self.last_call_s, bool) or not isinstance(self.last_call_s, (int, float)) or self.last_call_s < 0:
+            raise JobSpecError("nodes.last_call_s", self.last_call_s, "a number of seconds >= 0")
+        _positive_number("nodes.join_timeout_s", self.join_timeout_s)
+
+    @classmethod
+    def parse(cls, value: Nodes | int | str | Mapping[str, Any]) -> Nodes:
+        """``2`` → ``Nodes(min=2, max=2)``; ``"1:2"`` → ``Nodes(min=1, max=2)``; a dict → fields."""
+        if isinstance(value, Nodes):
+            return value
+        if isinstance(value, bool):
+            raise JobSpecError("nodes", value, "an int, 'MIN:MAX', or Nodes(...)")
+        if isinstance(value, int):
+            return cls(min=value, max=value)
+        if isinstance(value, str):
+            m = re.fullmatch(r"\s*(\d+)\s*(?::\s*(\d+)\s*)?", value)
+            if not m:
+                raise JobSpecError("nodes", value, "an int, 'MIN:MAX' (e.g. '1:4'), or Nodes(...)")
+            low = int(m.group(1))
+            return cls(min=low, max=int(m.group(2)) if m.group(2) else low)
+        if isinstance(value, Mapping):
+            return cls(**value)
+        raise JobSpecError("nodes", value, "an int, 'MIN:MAX', or Nodes(...)")
+
+
+@attrs.frozen(kw_only=True)
+class Checkpoint:
+    """Where and how often the :class:`~dlrover_core.train.Checkpointer` saves.
+
+    Attributes:
+        dir: storage location (a directory for ``posix``; a URL for other storages).
+        storage: name of a registered checkpoint storage.
+        memory_every_steps: snapshot to memory every N steps (0 = never; Flash Checkpoint).
+        persist_every_steps: persist to storage every N steps (0 = only when forced).
+        keep_last: committed steps to keep in storage (older ones are deleted).
+    """
+
+    dir: str = "checkpoints"
+    storage: str = "posix"
+    memory_every_steps: int = 1
+    persist_every_steps: int = 50
+    keep_last: int = 3
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.dir, str) or not self.dir:
+            raise JobSpecError("checkpoint.dir", self.dir, "a non-empty path or URL")
+        _int_at_least("checkpoint.memory_every_steps", self.memory_every_steps, 0)
+        _int_at_least("checkpoint.persist_every_steps", self.persist_every_steps, 0)
+        _int_at_least("checkpoint.keep_last", self.keep_last, 1)
+
+
+@attrs.frozen(kw_only=True)
+class Failure:
+    """How the job reacts to failures.
+
+    Attributes:
+        max_restarts: job-wide budget of restarts (all nodes together, not per node).
+        hang_timeout_s: no ``report()`` progress for this long counts as a hang (``None``:
+            derived from the observed step time).
+        node_check: run the accelerator's node check before training and after failures.
+        heartbeat_interval_s: how often agents report to the master.
+        heartbeat_timeout_s: an agent silent this long is declared dead.
+        stop_grace_s: after SIGTERM, how long workers get before SIGKILL.
+        collective_timeout_s: timeout of the worker process group's collectives.
+    """
+
+    max_restarts: int = 3
+    hang_timeout_s: float | None = None
+    node_check: bool = False
+    heartbeat_interval_s: float = 0.5
+    heartbeat_timeout_s: float = 30.0
+    stop_grace_s: float = 10.0
+    collective_timeout_s: float = 300.0
+
+    def __attrs_post_init__(self) -> None:
+        _int_at_least("failure.max_restarts", self.max_restarts, 0)
+        _positive_number("failure.hang_timeout_s", self.hang_timeout_s, allow_none=True)
+        if not isinstance(self.node_check, bool):
+            raise JobSpecError("failure.node_check", self.node_check, "True or False")
+        _positive_number("failure.heartbeat_interval_s", self.heartbeat_interval_s)
+        _positive_number("failure.heartbeat_timeout_s", self.heartbeat_timeout_s)
+        if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
+            raise JobSpecError(
+                "failure.heartbeat_timeout_s", self.heartbeat_timeout_s,
+                f"more than failure.heartbeat_interval_s ({self.heartbeat_interval_s})",
+            )
+        _positive_number("failure.stop_grace_s", self.stop_grace_s)
+        _positive_number("failure.collective_timeout_s", self.collective_timeout_s)
+
+
+@attrs.frozen(init=False)
+class Optimizer:
+    """An optimizer by registered name, with its keyword options: ``Optimizer("adamw", lr=3e-4)``."""
+
+    name: str
+    options: dict[str, Any]
+
+    def __init__(self, name: str = "adamw", /, **options: Any) -> None:
+        if not isinstance(name, str) or not name:
+            raise JobSpecError("optimizer.name", name, "a registered optimizer name, e.g. 'adamw'")
+        try:
+            json.dumps(options)
+        except TypeError as exc:
+            raise JobSpecError("optimizer.options", options, f"JSON-safe values (numbers, strings, lists): {exc}") from None
+        self.__attrs_init__(name=name, options=dict(options))
+
+
+def _normalize_strategy(item: Any, index: int) -> tuple[str, dict[str, Any]]:
+    if isinstance(item, str):
+        return (item, {})
+    if isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], Mapping):
+        return (item[0], dict(item[1]))
+    raise JobSpecError(f"parallel.strategies[{index}]", item, "a name or a (name, {options}) pair")
+
+
+@attrs.frozen(init=False)
+class Parallel:
+    """Parallel strategies applied in order by ``train.prepare()`` (ATorch style):
+    ``Parallel(["ddp", ("amp", {"dtype": "bfloat16"})])``.
+
+    Attributes:
+        strategies: ``(name, options)`` pairs, in the order they are applied.
+    """
+
+    strategies: tuple[tuple[str, dict[str, Any]], ...]
+
+    def __init__(self, strategies: Sequence[Any] = ("ddp",)) -> None:
+        if isinstance(strategies, str):
+            strategies = [strategies]
+        normalized = tuple(_normalize_strategy(s, i) for i, s in enumerate(strategies))
+        try:
+            json.dumps(normalized)
+        except TypeError as exc:
+            raise JobSpecError("parallel.strategies", strategies, f"JSON-safe options: {exc}") from None
+        self.__attrs_init__(strategies=normalized)
+
+
+# ----- the job ----------------------------------------------------------------------------
+
+_NAME_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?")
+_MODULE_RE = re.compile(r"[A-Za-z_][\w.]*(:[A-Za-z_]\w*)?")
+
+
+def _known(kind: str) -> list[str]:
+    from dlrover_core.plugins import get_host
+
+    return get_host().registries.of(kind).names()
+
+
+@attrs.frozen(kw_only=True)
+class Job:
+    """A distributed training job.
+
+    Attributes:
+        name: DNS-label style name (lowercase letters, digits, '-'; at most 40 characters).
+        entrypoint: a Python script path (relative to ``workdir``), a module ``"pkg.mod"``
+            run like ``python -m``, or ``"pkg.mod:function"`` called with no arguments.
+        args: arguments given to the entrypoint (``sys.argv[1:]``).
+        nodes: :class:`Nodes`, or an int (``min == max``), or ``"MIN:MAX"``.
+        accelerator: a registered accelerator name or ``"auto"``.
+        scheduler: a registered scheduler name (``"local"`` runs on this machine).
+        checkpoint: :class:`Checkpoint` settings for ``train.Checkpointer``.
+        failure: :class:`Failure` settings (restart budget, timeouts).
+        optimizer: what ``train.prepare()`` builds.
+        parallel: strategies ``train.prepare()`` applies; ``None``: ``ddp`` when the world
+            has more than one process.
+        env: extra environment variables for every worker.
+        workdir: working directory of the workers.
+        log_dir: where runs keep logs, events and results (one sub-directory per run).
+    """
+
+    name: str
+    entrypoint: str
+    args: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    nodes: Nodes = attrs.field(default=Nodes(), converter=Nodes.parse)
+    accelerator: str = "auto"
+    scheduler: str = "local"
+    checkpoint: Checkpoint = Checkpoint()
+    failure: Failure = Failure()
+    optimizer: Optimizer = Optimizer("adamw")
+    parallel: Parallel | None = None
+    env: dict[str, str] = attrs.field(factory=dict, converter=dict)
+    workdir: str = "."
+    log_dir: str = "dlrover-runs"
+
+    def __attrs_post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
+            raise JobSpecError("name", self.name, "lowercase letters, digits and '-', 1-40 characters, e.g. 'charlm'")
+        for i, a in enumerate(self.args):
+            if not isinstance(a, str):
+                raise JobSpecError(f"args[{i}]", a, "a string (convert numbers with str())")
+        for k, v in self.env.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise JobSpecError(f"env[{k!r}]", v, "string keys and string values")
+        for field, value, want in (
+            ("nodes", self.nodes, Nodes), ("checkpoint", self.checkpoint, Checkpoint),
+            ("failure", self.failure, Failure), ("optimizer", self.optimizer, Optimizer),
+        ):
+            if not isinstance(value, want):
+                raise JobSpecError(field, value, f"a {want.__name__}(...)")
+        if self.parallel is not None and not isinstance(self.parallel, Parallel):
+            raise JobSpecError("parallel", self.parallel, "None or a Parallel(...)")
+        workdir = Path(self.workdir)
+        if not workdir.is_dir():
+            raise JobSpecError("workdir", self.workdir, "an existing directory")
+        self._check_entrypoint(workdir)
+        self._check_name("scheduler", self.scheduler, "scheduler")
+        if self.accelerator != "auto":
+            self._check_name("accelerator", self.accelerator, "accelerator")
+        self._check_name("checkpoint.storage", self.checkpoint.storage, "storage")
+        self._check_name("optimizer.name", self.optimizer.name, "optimizer")
+        for i, (name, _) in enumerate(self.parallel.strategies if self.parallel else ()):
+            self._check_name(f"parallel.strategies[{i}]", name, "parallel_strategy")
+
+    def _check_entrypoint(self, workdir: Path) -> None:
+        ep = self.entrypoint
+        if not isinstance(ep, str) or not ep:
+            raise JobSpecError("entrypoint", ep, "a script path, 'pkg.module' or 'pkg.module:function'")
+        if ep.endswith(".py") or "/" in ep:
+            if not (workdir / ep).is_file():
+                raise JobSpecError("entrypoint", ep, f"an existing script (looked in workdir {str(workdir)!r})")
+            return
+        if not _MODULE_RE.fullmatch(ep):
+            raise JobSpecError("entrypoint", ep, "a script path, 'pkg.module' or 'pkg.module:function'")
+        module = ep.split(":")[0]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise JobSpecError("entrypoint", ep, f"an importable module; {module!r} was not found on sys.path")
+
+    @staticmethod
+    def _check_name(field: str, name: str, kind: str) -> None:
+        known = _known(kind)
+        if name not in known:
+            raise JobSpecError(field, name, f"one of the registered {kind}s: {', '.join(known) or 'none'} "
+                                            f"(install the plugin that provides {name!r}?)")
+
+    # ----- serialization ---------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict; :meth:`from_dict` turns it back into an equal Job."""
+        return _converter.unstructure(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Job:
+        """Build a Job from :meth:`to_dict` output (raises JobSpecError on invalid fields)."""
+        try:
+            return _converter.structure(dict(data), cls)
+        except cattrs.BaseValidationError as exc:
+            inner = exc.exceptions[0] if getattr(exc, "exceptions", None) else exc
+            if isinstance(inner, JobSpecError):
+                raise inner from None
+            raise JobSpecError("job", dict(data), f"a dict from Job.to_dict(): {inner}") from None
+
+    # ----- actions ---------------------------------------------------------------------
+
+    def dryrun(self) -> Plan:
+        """The exact plan the scheduler would execute (processes, scripts, manifests). Pure."""
+        from dlrover_core.runner import dryrun
+
+        return dryrun(self)
+
+    def submit(self) -> JobRun:
+        """Start the job and return a handle without waiting (see :class:`~dlrover_core.runner.JobRun`)."""
+        from dlrover_core.runner import submit
+
+        return submit(self)
+
+    def run(self, *, progress: bool = True) -> JobResult:
+        """Run the job to the end, showing logs and live progress; return its JobResult."""
+        return self.submit().wait(progress=progress)
+
+
+_converter = cattrs.Converter(forbid_extra_keys=True)
+_converter.register_unstructure_hook(Optimizer, lambda o: {"name": o.name, "options": dict(o.options)})
+_converter.register_structure_hook(Optimizer, lambda d, _: Optimizer(d["name"], **d.get("options", {})))
+_converter.register_unstructure_hook(Parallel, lambda p: {"strategies": [[n, dict(o)] for n, o in p.strategies]})
+_converter.register_structure_hook(Parallel, lambda d, _: Parallel([tuple(s) for s in d["strategies"]]))
+_converter.register_structure_hook(Nodes, lambda d, _: Nodes.parse(d))
+_converter.register_structure_hook(int | str, lambda v, _: v)

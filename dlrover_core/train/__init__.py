@@ -1,0 +1,23 @@
+"""What a training script imports: ``init``, ``prepare``, ``report``, ``Checkpointer``.
+
+::
+
+    from dlrover_core import train
+
+    info = train.init()                       # process group through this round's store
+    model, opt = train.prepare(model)         # parallel strategies + the Job's optimizer
+    ckpt = train.Checkpointer()
+    restored = ckpt.load({"model": model, "optimizer": opt})
+    for step in range(restored.step + 1 if restored else 0, steps):
+        ...
+        train.report(step, loss=loss)
+        ckpt.save(step, {"model": model, "optimizer": opt})
+"""
+
+from dlrover_core.checkpoint.checkpointer import Checkpointer, Restored
+from dlrover_core.train.context import WorkerInfo, worker_info
+from dlrover_core.train.prepare import prepare
+from dlrover_core.train.process_group import init
+from dlrover_core.train.progress import report
+
+__all__ = ["Checkpointer", "Restored", "WorkerInfo", "init", "prepare", "report", "worker_info"]

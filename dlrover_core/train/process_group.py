@@ -1,0 +1,86 @@
+"""``init()``: join the job's process group through this round's store."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import threading
+import time
+
+import attrs
+
+from dlrover_core import env
+from dlrover_core.logging import get_logger
+from dlrover_core.train.context import WorkerInfo, current_job, worker_info
+from dlrover_core.train.progress import get_writer
+
+__all__ = ["init"]
+
+log = get_logger()
+
+_info: WorkerInfo | None = None
+
+
+def _watch_parent(pid: int) -> None:
+    """Exit when the agent that started us is gone (belt and braces to PR_SET_PDEATHSIG)."""
+
+    def loop() -> None:
+        while True:
+            if os.getppid() != pid:
+                os._exit(1)
+            time.sleep(1.0)
+
+    threading.Thread(target=loop, name="dlrover-parent-watch", daemon=True).start()
+
+
+def init(*, timeout_s: float | None = None) -> WorkerInfo:
+    """Initialise ``torch.distributed`` for this worker and return its :class:`WorkerInfo`.
+
+    Under a dlrover agent (or torchrun) it connects to the TCPStore of the current
+    rendezvous round at ``MASTER_ADDR:MASTER_PORT`` — a fresh store per round, so a restarted
+    worker never reads a dead round's keys — and creates the default process group with the
+    accelerator's backend (gloo on cpu). Run directly (``python train.py``) it makes a
+    one-process group. Idempotent.
+
+    Args:
+        timeout_s: collective timeout; default ``Job.failure.collective_timeout_s`` (300 s).
+
+    Raises:
+        torch.distributed.DistStoreError: the round's store cannot be reached in time.
+    """
+    global _info
+    if _info is not None:
+        return _info
+    import torch
+    import torch.distributed as dist
+
+    from dlrover_core.plugins import get_host
+
+    info = worker_info()
+    job = current_job()
+    if timeout_s is None:
+        timeout_s = job.failure.collective_timeout_s if job is not None else 300.0
+    timeout = datetime.timedelta(seconds=timeout_s)
+    accelerator = get_host().create_accelerator(info.accelerator)
+    info = attrs.evolve(info, accelerator=accelerator.name, device=accelerator.device_for(info.local_rank))
+    if info.device.type != "cpu":
+        getattr(torch, info.device.type).set_device(info.device)
+    if not dist.is_initialized():
+        if info.is_launched:
+            store = dist.TCPStore(
+                os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                is_master=False, timeout=timeout, use_libuv=True,
+            )
+        else:
+            store = dist.HashStore()
+        dist.init_process_group(
+            backend=accelerator.dist_backend, store=store, rank=info.rank,
+            world_size=info.world_size, timeout=timeout,
+        )
+    watch = os.environ.get(env.WATCH_PID)
+    if watch:
+        _watch_parent(int(watch))
+    get_writer().mark()
+    log.debug("worker_initialised", rank=info.rank, world_size=info.world_size, backend=accelerator.dist_backend)
+    _info = info
+    return info

@@ -1,0 +1,86 @@
+"""``report(step, **metrics)``: the worker's progress, read by its agent.
+
+Each call appends one JSON record to the file named by ``DLROVER_PROGRESS_FILE``; the agent
+tails it and forwards rank 0's records to the master (goodput, live progress) and every
+rank's newest step (hang detection). Outside dlrover the records go nowhere.
+
+Step time is measured between marks: the end of the previous ``report()``, or of a
+checkpoint save or restore, whichever is newest, so checkpoint stalls and restores are not
+counted as productive time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from typing import Any
+
+__all__ = ["ProgressWriter", "get_writer", "report"]
+
+
+def _to_float(name: str, value: Any) -> float:
+    if hasattr(value, "item"):
+        value = value.item()
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"report(): metric {name}={value!r} is not a number") from None
+    return value
+
+
+class ProgressWriter:
+    """Appends progress records to a file (or drops them when ``path`` is None)."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._file = open(path, "a", buffering=1) if path else None  # line-buffered
+        self._lock = threading.Lock()
+        self._mark = time.monotonic()
+
+    def mark(self) -> None:
+        """Start timing the next step now (after a save, restore or initialisation)."""
+        self._mark = time.monotonic()
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._file is None:
+            return
+        line = json.dumps(record, allow_nan=True, separators=(",", ":"))
+        with self._lock:
+            self._file.write(line + "\n")
+
+    def step(self, step: int, metrics: dict[str, Any]) -> float:
+        now = time.monotonic()
+        dt = now - self._mark
+        self._mark = now
+        clean = {k: _to_float(k, v) for k, v in metrics.items()}
+        self.write({"type": "step", "step": int(step), "dt": round(dt, 6), "t": time.time(),
+                    "metrics": {k: (v if math.isfinite(v) else str(v)) for k, v in clean.items()}})
+        return dt
+
+
+_writer: ProgressWriter | None = None
+_writer_lock = threading.Lock()
+
+
+def get_writer() -> ProgressWriter:
+    """The process's writer, opened on first use from ``DLROVER_PROGRESS_FILE``."""
+    global _writer
+    with _writer_lock:
+        if _writer is None:
+            _writer = ProgressWriter(os.environ.get("DLROVER_PROGRESS_FILE"))
+        return _writer
+
+
+def report(step: int, **metrics: Any) -> None:
+    """Report that ``step`` finished, with scalar ``metrics`` (floats, ints or 0-d tensors).
+
+    Call it once per optimizer step on every rank. Rank 0's values are what the console,
+    ``JobResult.metrics`` and goodput use; every rank's step feeds hang detection.
+
+    Raises:
+        TypeError: a metric is not convertible to float.
+    """
+    get_writer().step(step, metrics)

@@ -1,0 +1,57 @@
+"""A tiny DDP job for the end-to-end tests: a linear model on synthetic data.
+
+Args: --steps N, --fail-at STEP (exit 3 at that step on the first attempt of rank --fail-rank),
+--fail-always (fail at --fail-at on every attempt), --out PATH (rank 0 writes final params' sha256).
+"""
+
+import argparse
+import hashlib
+import os
+import sys
+
+import torch
+
+from dlrover_core import train
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--fail-at", type=int, default=-1)
+    p.add_argument("--fail-rank", type=int, default=0)
+    p.add_argument("--fail-always", action="store_true")
+    p.add_argument("--exit-code", type=int, default=3)
+    p.add_argument("--out", default="")
+    a = p.parse_args()
+    info = train.init()
+    torch.manual_seed(0)
+    model, opt = train.prepare(torch.nn.Linear(8, 1), lr=0.01)
+    ckpt = train.Checkpointer()
+    restored = ckpt.load({"model": model, "optimizer": opt})
+    start = restored.step + 1 if restored else 0
+    g = torch.Generator().manual_seed(1234 + info.rank)
+    for step in range(start, a.steps):
+        g.manual_seed(1234 + info.rank * 100_000 + step)
+        x = torch.randn(16, 8, generator=g)
+        loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        train.report(step, loss=loss.item())
+        ckpt.save(step, {"model": model, "optimizer": opt})
+        first = info.restart_count == 0
+        if step == a.fail_at and info.rank == a.fail_rank and (first or a.fail_always):
+            print(f"failing on purpose at step {step}", flush=True)
+            sys.stdout.flush()
+            os._exit(a.exit_code)
+    if info.rank == 0 and a.out:
+        h = hashlib.sha256()
+        for t in model.state_dict().values():
+            h.update(t.detach().cpu().numpy().tobytes())
+        with open(a.out, "w") as f:
+            f.write(h.hexdigest())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -38,7 +38,7 @@ def flatten(state: Any) -> tuple[Any, dict[str, Any]]:
     import torch
 
     tensors: dict[str, torch.Tensor] = {}
-    seen_storage: dict[tuple[int, int], str] = {}
+    seen_storage: set[int] = set()
 
     def key_for(path: str) -> str:
         key, n = path or "_", 1
@@ -55,11 +55,11 @@ def flatten(state: Any) -> tuple[Any, dict[str, Any]]:
                 t = t.cpu()
             t = t.contiguous()
             # safetensors refuses tensors that share memory; give each its own storage.
-            ident = (t.untyped_storage().data_ptr(), t.storage_offset())
-            if t.numel() and ident in seen_storage:
+            ptr = t.untyped_storage().data_ptr()
+            if t.numel() and ptr in seen_storage:
                 t = t.clone()
             elif t.numel():
-                seen_storage[ident] = key
+                seen_storage.add(ptr)
             tensors[key] = t
             return {"__tensor__": key}
         if isinstance(obj, np.ndarray):

@@ -8,7 +8,7 @@ rendezvous, re-derived):
   that is at least ``min_nodes``.
 * Otherwise, once at least ``min_nodes`` wait and no node joined for ``last_call_s``, it
   completes with the waiting nodes rounded down to a multiple of ``node_unit``.
-* Nodes taken are the earliest joiners (ties by node id); the rest keep waiting for the next
+* Nodes taken are the earliest joiners; the rest keep waiting for the next
   round. Node ranks follow node ids, so a node keeps its rank across restarts when the
   membership is unchanged.
 """
@@ -61,7 +61,8 @@ class RendezvousManager:
         self.node_unit = node_unit
         self.last_call_s = last_call_s
         self._clock = clock
-        self._waiting: dict[int, tuple[float, int]] = {}  # node_id -> (join time, nproc)
+        self._waiting: dict[int, tuple[int, int]] = {}  # node_id -> (join order, nproc)
+        self._joins = 0
         self._last_join = 0.0
         self._forming_since: float | None = None
         self.latest: Round | None = None
@@ -84,7 +85,8 @@ class RendezvousManager:
         """``node_id`` waits for the next round with ``nproc`` workers; returns its index."""
         now = self._clock()
         if node_id not in self._waiting:
-            self._waiting[node_id] = (now, nproc)
+            self._joins += 1
+            self._waiting[node_id] = (self._joins, nproc)
             self._last_join = now
             if self._forming_since is None:
                 self._forming_since = now
@@ -116,7 +118,7 @@ class RendezvousManager:
         take = take // self.node_unit * self.node_unit
         if take < self.min_nodes:
             return None
-        chosen = sorted(self._waiting, key=lambda nid: (self._waiting[nid][0], nid))[:take]
+        chosen = sorted(self._waiting, key=lambda nid: self._waiting[nid][0])[:take]
         node_ids = tuple(sorted(chosen))
         rnd = Round(index=self.next_index, node_ids=node_ids, nproc=tuple(self._waiting[n][1] for n in node_ids))
         for nid in node_ids:

@@ -1,13 +1,18 @@
 """A tiny DDP job for the end-to-end tests: a linear model on synthetic data.
 
-Args: --steps N, --fail-at STEP (exit 3 at that step on the first attempt of rank --fail-rank),
---fail-always (fail at --fail-at on every attempt), --out PATH (rank 0 writes final params' sha256).
+Args: --steps N, --fail-at STEP (exit --exit-code at that step on the first attempt of rank
+--fail-rank), --fail-always (fail at --fail-at on every attempt), --out PATH (rank 0 writes the
+final parameters' sha256), --step-sleep S (slow steps down), --spawn-grandchild (start a
+`sleep` that outlives nobody), --sigterm-file PATH (on SIGTERM, write PATH and exit 0).
 """
 
 import argparse
 import hashlib
 import os
+import signal
+import subprocess
 import sys
+import time
 
 import torch
 
@@ -22,7 +27,19 @@ def main() -> int:
     p.add_argument("--fail-always", action="store_true")
     p.add_argument("--exit-code", type=int, default=3)
     p.add_argument("--out", default="")
+    p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--spawn-grandchild", action="store_true")
+    p.add_argument("--sigterm-file", default="")
     a = p.parse_args()
+    if a.sigterm_file:
+        def on_term(signum, frame):
+            with open(f"{a.sigterm_file}.{os.environ['RANK']}", "w") as f:
+                f.write("SIGTERM")
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, on_term)
+    if a.spawn_grandchild:
+        subprocess.Popen(["sleep", "600"])
     info = train.init()
     torch.manual_seed(0)
     model, opt = train.prepare(torch.nn.Linear(8, 1), lr=0.01)
@@ -38,6 +55,8 @@ def main() -> int:
         loss.backward()
         opt.step()
         train.report(step, loss=loss.item())
+        if a.step_sleep:
+            time.sleep(a.step_sleep)
         ckpt.save(step, {"model": model, "optimizer": opt})
         first = info.restart_count == 0
         if step == a.fail_at and info.rank == a.fail_rank and (first or a.fail_always):

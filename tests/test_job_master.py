@@ -1,0 +1,129 @@
+"""JobMaster decisions, driven directly (no network): restart budget, rounds, goodput."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dlrover_core import Failure, Job, JobState, Nodes
+from dlrover_core.master.goodput import GoodputTracker
+from dlrover_core.master.job_master import JobMaster, signal_name
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def master(workdir):
+    (workdir / "t.py").write_text("")
+    job = Job(name="m", entrypoint="t.py", nodes=Nodes(min=2, max=2), failure=Failure(max_restarts=1, heartbeat_timeout_s=30))
+    ports = iter(range(5000, 6000))
+    clock = Clock()
+    events = []
+    m = JobMaster(job, "job-1", store_host="127.0.0.1", store_factory=lambda: (next(ports), None),
+                  log_dir=workdir, emit=events.append, clock=clock)
+    m.clock, m.events = clock, events
+    return m
+
+
+def form_round(m):
+    for n in (0, 1):
+        m.register(n, "h", 100 + n)
+        m.join(n, 1)
+    return [m.poll(n) for n in (0, 1)]
+
+
+def test_round_assigns_ranks_and_fresh_store(master):
+    w0, w1 = form_round(master)
+    assert (w0["state"], w0["node_rank"], w0["rank_offset"], w0["world_size"]) == ("ready", 0, 0, 2)
+    assert (w1["node_rank"], w1["rank_offset"]) == (1, 1)
+    assert w0["store_port"] == 5000
+    assert master.state == JobState.RUNNING
+
+
+def test_failure_restarts_everyone_once_per_round(master):
+    """The first failure of a round uses one restart; its consequences on other nodes do not."""
+    form_round(master)
+    a = master.failure(1, 0, [{"rank": 1, "local_rank": 0, "exit_code": -9}])
+    assert a["action"] == "restart" and master.restarts == 1
+    assert master.heartbeat(0, 0)["action"] == "restart"
+    b = master.failure(0, 0, [{"rank": 0, "local_rank": 0, "exit_code": 1}])
+    assert b["action"] == "restart" and master.restarts == 1
+    w0, w1 = form_round(master)
+    assert w0["round"] == 1 and w0["store_port"] == 5001 and w0["restart_count"] == 1
+    assert master.heartbeat(0, 1)["action"] == "none"
+    rec = master.result().failures[0]
+    assert (rec.rank, rec.signal, rec.exit_code) == (1, "SIGKILL", -9)
+
+
+def test_exhausted_budget_fails_with_reason(master):
+    form_round(master)
+    master.failure(1, 0, [{"rank": 1, "local_rank": 0, "exit_code": -9}])
+    form_round(master)
+    a = master.failure(0, 1, [{"rank": 0, "local_rank": 0, "exit_code": 3}])
+    assert a["action"] == "stop"
+    result = master.result()
+    assert result.state == JobState.FAILED
+    assert "max_restarts=1" in result.reason and "exit code 3" in result.reason
+
+
+def test_success_needs_every_node_of_the_round(master):
+    form_round(master)
+    assert master.succeeded(0, 0)["action"] == "none"
+    assert master.state == JobState.RUNNING
+    assert master.succeeded(1, 0)["action"] == "stop"
+    assert master.state == JobState.SUCCEEDED
+    assert not master.drained()
+    master.exited(0)
+    master.exited(1)
+    assert master.drained()
+
+
+def test_silent_node_is_declared_dead(master):
+    form_round(master)
+    master.clock.t += 31
+    master.heartbeat(0, 0)
+    master.tick()
+    assert master.nodes[1].state == "dead"
+    assert master.state == JobState.FAILED and "node 1 lost" in master.reason
+
+
+def test_rendezvous_timeout(master):
+    master.register(0, "h", 1)
+    master.join(0, 1)
+    master.clock.t += 601
+    master.heartbeat(0, -1)
+    master.tick()
+    assert master.state == JobState.FAILED and "timed out" in master.reason
+
+
+def test_events_are_journaled(master, workdir):
+    form_round(master)
+    master.failure(1, 0, [{"rank": 1, "local_rank": 0, "exit_code": -9}])
+    kinds = [json.loads(line)["kind"] for line in (workdir / "events.jsonl").read_text().splitlines()]
+    assert kinds == ["rendezvous_completed", "worker_failed", "workers_restarted"]
+    assert [e.kind for e in master.events] == kinds
+
+
+def test_goodput_counts_each_kept_step_once():
+    """Steps after the last restore point become recomputed time; stalls are separate."""
+    g = GoodputTracker()
+    for s in range(6):
+        g.add({"type": "step", "step": s, "dt": 1.0})
+    g.add({"type": "checkpoint", "step": 3, "stall_s": 0.5, "committed": True})
+    g.add({"type": "restore", "step": 3, "source": "storage", "load_s": 0.25})
+    for s in range(4, 8):
+        g.add({"type": "step", "step": s, "dt": 1.0})
+    assert g.productive_s == 8.0 and g.recomputed_s == 2.0
+    assert g.checkpoint_stall_s == 0.5 and g.restore_s == 0.25 and g.last_committed_step == 3
+
+
+def test_signal_names():
+    assert signal_name(-9) == "SIGKILL" and signal_name(137) == "SIGKILL"
+    assert signal_name(1) is None and signal_name(None) is None

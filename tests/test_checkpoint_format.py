@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 
 from dlrover_core import CheckpointError
-from dlrover_core.checkpoint.state_format import decode, encode
+from dlrover_core.checkpoint.layout import decode, encode
 
 
 def test_round_trip_keeps_types_and_values():
@@ -22,7 +22,7 @@ def test_round_trip_keeps_types_and_values():
         "optimizer": opt.state_dict(),
         "extra": {1: (2, "x", None), "f": 1.5, "nested": [True, {"a": np.arange(3)}]},
     }
-    back, meta = decode(encode(state, {"step": "7"}))
+    back, meta = decode(encode(state, step=7))
     assert meta["step"] == "7"
     assert back["extra"] == {1: (2, "x", None), "f": 1.5, "nested": [True, {"a": back["extra"]["nested"][1]["a"]}]}
     np.testing.assert_array_equal(back["extra"]["nested"][1]["a"], np.arange(3))
@@ -43,9 +43,10 @@ def test_shared_tensors_are_saved():
 def test_file_opens_with_plain_safetensors(tmp_path):
     """Anyone can read the tensors with safetensors alone."""
     path = tmp_path / "rank_00000.safetensors"
-    path.write_bytes(encode({"model": {"w": torch.ones(2)}}))
+    path.write_bytes(encode({"model": {"w": torch.ones(2), "b": torch.zeros(3, dtype=torch.float64)}}))
     with safe_open(str(path), "pt") as f:
-        assert list(f.keys()) == ["model/w"]
+        assert sorted(f.keys()) == ["model/b", "model/w"]
+        assert torch.equal(f.get_tensor("model/w"), torch.ones(2))
         assert f.metadata()["format"] == "dlrover-state/1"
 
 

@@ -54,8 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     accelerator = get_host().create_accelerator(os.environ.get(env.ACCELERATOR) or job.accelerator)
     nproc = job.nodes.nproc_per_node
     nproc = accelerator.default_nproc_per_node() if nproc == "auto" else int(nproc)
+    storage = get_host().registries.storage.get(job.checkpoint.storage)(job.checkpoint.dir)
     agent = ElasticAgent(job=job, job_id=args.job_id, node_id=args.node_id, client=MasterClient(args.master_addr),
-                         log_dir=Path(args.log_dir), accelerator=accelerator, nproc=nproc)
+                         log_dir=Path(args.log_dir), accelerator=accelerator, nproc=nproc, storage=storage)
     agent.install_signal_handlers()
     watch = int(os.environ.get(env.WATCH_PID, "0") or 0)
     if watch:

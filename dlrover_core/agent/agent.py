@@ -10,6 +10,11 @@ Loop::
 
 Workers are stopped by SIGTERM to their whole process tree, then SIGKILL after
 ``Failure.stop_grace_s``. SIGTERM/SIGINT to the agent is forwarded the same way.
+
+The agent hosts the node's :class:`~dlrover_core.checkpoint.saver.CheckpointSaver`: the
+workers' shared-memory snapshots outlive them, are persisted in the background, and at a
+failure the newest ones are persisted before the workers restart ("save at breakpoint").
+The agent removes the node's segments when it exits, and stale ones of its job when it starts.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from typing import IO, Any
 from dlrover_core.agent.launch import worker_argv, worker_env
 from dlrover_core.agent.progress import ProgressTail
 from dlrover_core.agent.workers import WorkerProcess, kill_trees
+from dlrover_core.checkpoint.saver import CheckpointSaver
+from dlrover_core.checkpoint.shm import remove_segments
 from dlrover_core.errors import MasterUnavailableError, RendezvousError
 from dlrover_core.logging import get_logger
 from dlrover_core.master.client import MasterClient
@@ -49,6 +56,7 @@ class ElasticAgent:
         log_dir: the run's log directory (worker logs go to ``node_<id>/``).
         accelerator: the node's Accelerator instance.
         nproc: workers to start per round.
+        storage: checkpoint storage for the saver (``None``: no saver).
         echo: where worker output is copied with a ``[rank N]`` prefix (stdout).
     """
 
@@ -62,6 +70,7 @@ class ElasticAgent:
         log_dir: Path,
         accelerator: Any,
         nproc: int,
+        storage: Any = None,
         echo: IO[str] | None = None,
     ) -> None:
         self.job = job
@@ -77,6 +86,11 @@ class ElasticAgent:
         self._tails: dict[int, ProgressTail] = {}
         self._stop = threading.Event()
         self._signal: int | None = None
+        self._shm_prefix = f"dlrover-{job_id}-n{node_id}-"
+        self.saver = None
+        if storage is not None:
+            self.saver = CheckpointSaver(job_id=job_id, node_id=node_id, storage=storage,
+                                         report=lambda endpoint, body: self.client.call(endpoint, body))
 
     # ----- entry -----------------------------------------------------------------------
 
@@ -97,7 +111,12 @@ class ElasticAgent:
     def run(self) -> int:
         """Run until the master says stop; return the process exit code."""
         self.node_dir.mkdir(parents=True, exist_ok=True)
+        stale = remove_segments(self._shm_prefix)
+        if stale:
+            log.warning("stale_segments_removed", node_id=self.node_id, segments=stale)
         self.client.call("register", {"node_id": self.node_id, "host": socket.gethostname(), "pid": os.getpid()})
+        if self.saver is not None:
+            self.saver.start()
         try:
             while not self._stop.is_set():
                 world = self._rendezvous()
@@ -110,6 +129,10 @@ class ElasticAgent:
             return 1
         finally:
             self._stop_workers()
+            if self.saver is not None:
+                self.saver.stop()
+            removed = remove_segments(self._shm_prefix)
+            log.debug("segments_removed", node_id=self.node_id, count=len(removed))
             try:
                 self.client.call("exited", {"node_id": self.node_id})
             except Exception:  # the master may already be gone
@@ -159,6 +182,11 @@ class ElasticAgent:
                                    log_file=self.node_dir / f"rank_{rank}.log", echo=self.echo)
             self.workers.append(worker)
             self._tails[rank] = ProgressTail(progress)
+        if self.saver is not None:
+            ranks = [w.rank for w in self.workers]
+            self.saver.set_ranks(ranks)
+            for name in _segments_of_other_ranks(self._shm_prefix, ranks):
+                remove_segments(name)  # this node no longer hosts that rank: its memory is useless
         log.info("workers_started", node_id=self.node_id, round=world["round"],
                  ranks=[w.rank for w in self.workers], pids=[w.pid for w in self.workers])
 
@@ -166,6 +194,11 @@ class ElasticAgent:
         if self.workers:
             kill_trees(self.workers, grace_s=self.job.failure.stop_grace_s)
             self.workers = []
+
+    def _save_at_breakpoint(self) -> None:
+        """Before workers restart: persist every complete snapshot newer than the last commit."""
+        if self.saver is not None:
+            self.saver.persist_breakpoint()
 
     def _drain(self) -> tuple[dict[int, int], list[dict[str, Any]]]:
         """New progress: every local rank's newest step, and rank 0's records."""
@@ -201,6 +234,8 @@ class ElasticAgent:
             if not reported_success and all(c == 0 for _, c in codes):
                 for w in self.workers:
                     w.join_output()
+                if self.saver is not None:
+                    self.saver.flush()  # the final checkpoint is committed before the job ends
                 self._heartbeat(round_index)
                 log.info("workers_succeeded", node_id=self.node_id, round=round_index)
                 answer = self.client.call("succeeded", {"node_id": self.node_id, "round": round_index})
@@ -214,6 +249,8 @@ class ElasticAgent:
                 if action != "none":
                     log.info("master_ordered", node_id=self.node_id, action=action, round=round_index)
                     self._stop_workers()
+                    if action == "restart":
+                        self._save_at_breakpoint()
                     return action
             self._stop.wait(_POLL_S)
         return "stop"
@@ -227,4 +264,22 @@ class ElasticAgent:
             "node_id": self.node_id, "round": round_index,
             "failures": [{"rank": w.rank, "local_rank": w.local_rank, "exit_code": code} for w, code in failed],
         })
+        # the master has told everyone to restart; persist what memory holds before rejoining
+        self._save_at_breakpoint()
         return "stop" if answer["action"] == "stop" else "restart"
+
+
+def _segments_of_other_ranks(prefix: str, ranks: list[int]) -> list[str]:
+    """Names of this node's segments that belong to ranks it does not host now."""
+    from dlrover_core.checkpoint.shm import SHM_DIR, parse_segment_name
+
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names:
+        parsed = parse_segment_name(name) if name.startswith(prefix) else None
+        if parsed is not None and int(parsed["rank"]) not in ranks:
+            out.append(name)
+    return out

@@ -1,28 +1,48 @@
-"""The worker's :class:`Checkpointer`: ``save(step, state)`` and ``load()``.
+"""The worker's :class:`Checkpointer` (Flash Checkpoint): ``save(step, state)``, ``load()``.
 
-Layout in storage (one directory per step, one self-contained safetensors file per rank)::
+Under a dlrover agent:
 
-    step_0000000150/rank_00000.safetensors
-    step_0000000150/rank_00001.safetensors
-    step_0000000150/checkpoint.json        {"step": 150, "world_size": 2, "format": ...}
-    latest                                 "150" — written last, atomically: the commit
+* ``save`` copies the state's tensors into one of the rank's two shared-memory slots (held
+  for the agent, so they survive the worker) and returns: the training loop waits only for
+  that copy. Steps due for persistence are flagged; the agent persists them in the
+  background and the master commits a step when every rank's shard is durable.
+* ``load`` asks the master which restore wins: from memory when every rank holds the same
+  newest step (after a worker restart on live nodes), else the last committed step from
+  storage, else a fresh start. It logs which, and how long it took.
 
-A step is committed only after every rank's file is durable (each file: staging name, fsync,
-rename) and all ranks passed a barrier; a crash at any point leaves the previous committed
-step loadable and the torn one invisible (``load`` only follows ``latest``).
+Without memory (``Checkpoint(memory_every_steps=0)``, a /dev/shm too small for the state, or
+no agent) ``save`` writes the shard to storage itself (staging name, fsync, rename) and the
+step is committed by the master — or, with no master, by rank 0 after a barrier.
+
+Storage layout (one directory per step, one self-contained safetensors file per rank)::
+
+    step_0000000150/rank_00000.safetensors   tensors + the JSON tree of the rest
+    step_0000000150/checkpoint.json          {"step", "world_size", "shards": {rank: {crc32, bytes}}}
+    latest                                   "150" — written last, atomically: the commit
+
+Loading never unpickles anything. DTensor (FSDP2) states are saved as each rank's shard with
+its global offsets, and are loaded at another world size through
+``torch.distributed.checkpoint`` (DCP resharding).
 """
 
 from __future__ import annotations
 
 import json
-import re
+import os
 import time
+import warnings
+import zlib
+from pathlib import Path
 from typing import Any
 
 import attrs
 
+from dlrover_core import env
+from dlrover_core.checkpoint.layout import DTENSORS_KEY, TREE_KEY, build_layout, parse_header, tensor_views
+from dlrover_core.checkpoint.memory import MemorySnapshots, ShmTooSmall
 from dlrover_core.checkpoint.rng import get_rng_state, set_rng_state
-from dlrover_core.checkpoint.state_format import FORMAT_VERSION, decode, encode
+from dlrover_core.checkpoint.saver import shard_path, step_dir
+from dlrover_core.checkpoint.state_format import unflatten
 from dlrover_core.errors import CheckpointError
 from dlrover_core.logging import get_logger
 from dlrover_core.storage.base import CheckpointStorage
@@ -31,12 +51,6 @@ __all__ = ["Checkpointer", "Restored"]
 
 log = get_logger()
 
-_STEP_DIR = re.compile(r"step_(\d{10})")
-
-
-def step_dir(step: int) -> str:
-    return f"step_{step:010d}"
-
 
 @attrs.frozen(kw_only=True)
 class Restored:
@@ -44,8 +58,9 @@ class Restored:
 
     Attributes:
         step: the step it was saved at; resume training at ``step + 1``.
-        state: the saved state, tensors on CPU.
-        source: ``"storage"`` or ``"memory"``.
+        state: the saved state; tensors are CPU tensors owned by the caller (or, for targets
+            given to ``load``, the targets' own state).
+        source: ``"memory"`` or ``"storage"``.
         load_s: seconds the load took.
     """
 
@@ -74,17 +89,20 @@ def _barrier() -> None:
 
 
 class Checkpointer:
-    """Saves and restores a worker's training state, including RNG states.
+    """Saves and restores a worker's training state, RNG states included.
 
     Args:
         dir: storage location; default ``Job.checkpoint.dir``.
         storage: registered storage name; default ``Job.checkpoint.storage`` (``posix``).
-        persist_every_steps: persist when ``step % N == 0``; default from the Job (50).
-        keep_last: committed steps kept in storage; default from the Job (3).
+        memory_every_steps: snapshot to memory when ``step % N == 0`` (0: never); default from
+            the Job (1).
+        persist_every_steps: persist when ``step % N == 0`` (0: only forced saves); default
+            from the Job (50).
+        keep_last: committed steps kept; default from the Job (3).
 
-    ``state`` values may be tensors, numbers, strings, lists, dicts, numpy arrays or objects
-    with ``state_dict()`` / ``load_state_dict()`` (models, optimizers, samplers). Every rank
-    must call :meth:`save` with the same steps (it ends with a barrier).
+    ``state`` values may be tensors (DTensors too), numbers, strings, lists, dicts, numpy
+    arrays or objects with ``state_dict()`` / ``load_state_dict()`` (models, optimizers,
+    LR schedulers, samplers). Every rank must call :meth:`save` for the same steps.
     """
 
     def __init__(
@@ -92,6 +110,7 @@ class Checkpointer:
         dir: str | None = None,
         *,
         storage: str | None = None,
+        memory_every_steps: int | None = None,
         persist_every_steps: int | None = None,
         keep_last: int | None = None,
     ) -> None:
@@ -101,114 +120,322 @@ class Checkpointer:
 
         job = current_job()
         cfg = job.checkpoint if job is not None else Checkpoint()
-        cfg = attrs.evolve(
-            cfg,
-            **{k: v for k, v in (("dir", dir), ("storage", storage), ("persist_every_steps", persist_every_steps),
-                                 ("keep_last", keep_last)) if v is not None},
-        )
-        self.config = cfg
-        self.storage: CheckpointStorage = get_host().registries.storage.get(cfg.storage)(cfg.dir)
+        overrides = {"dir": dir, "storage": storage, "memory_every_steps": memory_every_steps,
+                     "persist_every_steps": persist_every_steps, "keep_last": keep_last}
+        self.config = attrs.evolve(cfg, **{k: v for k, v in overrides.items() if v is not None})
+        self.storage: CheckpointStorage = get_host().registries.storage.get(self.config.storage)(self.config.dir)
+        self._job_id = os.environ.get(env.JOB_ID, "")
+        self._node_id = os.environ.get(env.NODE_ID)
+        self._round = int(os.environ.get(env.ROUND, "0"))
+        self._client = None
+        if os.environ.get(env.MASTER_ADDR) and self._node_id is not None:
+            from dlrover_core.master.client import MasterClient
+
+            self._client = MasterClient(os.environ[env.MASTER_ADDR])
+        self._memory: MemorySnapshots | None = None
+        self._memory_off_reason: str | None = None
+        if self.config.memory_every_steps == 0:
+            self._memory_off_reason = "checkpoint.memory_every_steps is 0"
+        elif self._client is None:
+            self._memory_off_reason = "not started by a dlrover agent"
+
+    # ----- memory ------------------------------------------------------------------------
+
+    def _snapshots(self, rank: int) -> MemorySnapshots | None:
+        if self._memory is None and self._memory_off_reason is None:
+            self._memory = MemorySnapshots(job_id=self._job_id, node_id=int(self._node_id or 0), rank=rank)
+        return self._memory
+
+    def _disable_memory(self, reason: str) -> None:
+        self._memory_off_reason = reason
+        log.warning("checkpoint_memory_disabled", reason=reason, fallback="disk-only saves (they stall training)")
+        if self._memory is not None:
+            self._memory.close()
+            self._memory = None
 
     # ----- save ------------------------------------------------------------------------
 
-    def should_persist(self, step: int) -> bool:
+    def persist_due(self, step: int) -> bool:
         every = self.config.persist_every_steps
         return every > 0 and step % every == 0
 
     def save(self, step: int, state: dict[str, Any], *, force: bool = False) -> bool:
-        """Save ``state`` at ``step`` if the schedule says so (or ``force``); return whether it saved.
+        """Checkpoint ``state`` at ``step`` if the schedule says so (or ``force``, which also
+        persists); return whether a checkpoint was taken.
 
-        Blocks until every rank's shard is durable and the step is committed.
+        With memory, blocks only for the copy into shared memory. Without, blocks until this
+        rank's shard is durable in storage.
 
         Raises:
-            CheckpointError: ``state`` holds an unsupported type, or storage failed.
+            CheckpointError: ``state`` holds an unsupported type, or storage failed (disk-only).
         """
         from dlrover_core.train.progress import get_writer
 
-        if not (force or self.should_persist(step)):
+        persist = force or self.persist_due(step)
+        every = self.config.memory_every_steps
+        to_memory = every > 0 and step % every == 0
+        if not (persist or to_memory):
             return False
         t0 = time.monotonic()
         rank, world_size = _rank_world()
-        data = encode({"state": state, "rng": get_rng_state()},
-                      {"step": str(step), "rank": str(rank), "world_size": str(world_size)})
-        try:
-            self.storage.write_bytes(f"{step_dir(step)}/rank_{rank:05d}.safetensors", data)
-        except OSError as exc:
-            raise CheckpointError(f"writing step {step} rank {rank} to {self.storage.url!r} failed: {exc}") from exc
-        _barrier()
-        if rank == 0:
-            meta = {"step": step, "world_size": world_size, "format": FORMAT_VERSION, "time": time.time()}
-            self.storage.write_bytes(f"{step_dir(step)}/checkpoint.json", json.dumps(meta).encode())
-            self.storage.commit(step)
-            self._retain(step)
+        layout = build_layout({"state": state, "rng": get_rng_state()}, step=step, rank=rank, world_size=world_size)
+        snapshots = self._snapshots(rank)
+        where = "memory"
+        if snapshots is not None:
+            try:
+                snapshots.save(layout, step=step, world_size=world_size, persist=persist)
+            except ShmTooSmall as exc:
+                self._disable_memory(str(exc))
+                snapshots = None
+        if snapshots is None:
+            if not persist:
+                return False
+            self._persist_direct(step, rank, world_size, layout)
+            where = "storage"
         stall_s = time.monotonic() - t0
         writer = get_writer()
-        if rank == 0:
-            writer.write({"type": "checkpoint", "step": step, "stall_s": round(stall_s, 6), "committed": True,
-                          "bytes": len(data)})
-            log.info("checkpoint_committed", step=step, stall_s=round(stall_s, 3), mb=round(len(data) / 2**20, 2))
+        writer.write({"type": "checkpoint", "step": step, "stall_s": round(stall_s, 6), "where": where,
+                      "persist": persist, "bytes": layout.data_len})
         writer.mark()
+        log.debug("checkpoint_saved", step=step, where=where, persist=persist, stall_s=round(stall_s, 4))
         return True
 
-    def _retain(self, committed: int) -> None:
-        steps = sorted({int(m.group(1)) for p in self.storage.list() if (m := _STEP_DIR.match(p))})
-        keep = {s for s in steps if s <= committed}
-        keep = set(sorted(keep)[-self.config.keep_last :])
-        for s in steps:
-            if s not in keep:
-                # older than the retention window, or newer than the commit: a torn save
-                # of an abandoned lineage (all ranks have passed the barrier of `committed`).
-                self.storage.delete(step_dir(s))
+    def _persist_direct(self, step: int, rank: int, world_size: int, layout: Any) -> None:
+        """Write this rank's shard to storage and get the step committed."""
+        t0 = time.monotonic()
+        try:
+            with self.storage.open_write(shard_path(step, rank)) as f:
+                crc = _CrcWriter(f)
+                layout.write_to(crc)
+        except OSError as exc:
+            raise CheckpointError(f"writing step {step} rank {rank} to {self.storage.url!r} failed: {exc}") from exc
+        info = {"node_id": int(self._node_id or 0), "rank": rank, "step": step, "world_size": world_size,
+                "crc32": crc.crc, "bytes": layout.data_len, "persist_s": round(time.monotonic() - t0, 6)}
+        if self._client is not None:
+            self._client.call("checkpoint_shard", info)
+            return
+        _barrier()
+        if rank == 0:  # no master: rank 0 commits once every rank passed the barrier
+            from dlrover_core.master.checkpoints import CheckpointCoordinator
+
+            coordinator = CheckpointCoordinator(self.storage, keep_last=self.config.keep_last, event=lambda *a, **k: None)
+            for r in range(world_size):
+                coordinator.shard_done(step=step, rank=r, world_size=world_size, info={})
+        _barrier()
 
     # ----- load ------------------------------------------------------------------------
 
+    def _plan(self, rank: int, world_size: int) -> tuple[str, int | None]:
+        snapshots = self._snapshots(rank) if self._client is not None else None
+        held = snapshots.held_steps(world_size) if snapshots is not None else []
+        if self._client is None:
+            latest = self.storage.latest_step()
+            return ("storage", latest) if latest is not None else ("fresh", None)
+        from dlrover_core.train.context import current_job
+
+        job = current_job()
+        deadline = time.monotonic() + (job.failure.collective_timeout_s if job is not None else 300.0)
+        while True:
+            answer = self._client.call("restore_plan", {"round": self._round, "rank": rank, "world_size": world_size,
+                                                       "memory_steps": held})
+            if answer["state"] == "ready":
+                return answer["source"], answer["step"]
+            if time.monotonic() > deadline:
+                raise CheckpointError(f"ranks did not agree on a restore within {deadline:g} s (rank {rank} waited)")
+            time.sleep(0.02)
+
     def load(self, state: dict[str, Any] | None = None) -> Restored | None:
-        """Restore the newest committed step, or return ``None`` when there is none.
+        """Restore the newest checkpoint every rank can load, or return ``None`` (fresh start).
 
         RNG states are restored as a side effect. When ``state`` is given, each of its values
-        with ``load_state_dict`` gets the saved value of the same key, and tensors are copied
-        in place.
+        with ``load_state_dict`` gets the saved value of the same key (DTensor / FSDP2
+        states are resharded when the world size changed), and tensors are copied in place.
+        Every rank must call it (it agrees with the others through the master).
 
         Raises:
-            CheckpointError: the committed checkpoint is unreadable or lacks a key of ``state``.
+            CheckpointError: the checkpoint is unreadable, fails its CRC, or lacks a key of
+                ``state``.
         """
         from dlrover_core.train.progress import get_writer
 
         t0 = time.monotonic()
-        step = self.storage.latest_step()
-        if step is None:
-            log.info("checkpoint_fresh_start", dir=self.storage.url)
+        rank, world_size = _rank_world()
+        source, step = self._plan(rank, world_size)
+        if source == "fresh" or step is None:
+            log.info("checkpoint_fresh_start", rank=rank, dir=self.storage.url)
+            if self._memory is not None:
+                self._memory.forget_after(-1)
+            get_writer().mark()
             return None
-        rank, _ = _rank_world()
+        if source == "memory":
+            assert self._memory is not None
+            with self._memory.read(step, world_size) as (views, metadata):
+                restored = _restore(json.loads(metadata[TREE_KEY]), views, state, copy=True)
+        else:
+            restored = self._load_storage(step, rank, world_size, state)
+        if self._memory is not None:
+            self._memory.forget_after(step)  # newer snapshots belong to an abandoned lineage
+        rng = restored.get("rng")
+        if rng is not None:
+            set_rng_state(rng)
+        load_s = time.monotonic() - t0
+        writer = get_writer()
+        writer.write({"type": "restore", "step": step, "source": source, "load_s": round(load_s, 6)})
+        writer.mark()
+        log.info("checkpoint_restored", rank=rank, step=step, source=source, load_s=round(load_s, 4))
+        return Restored(step=step, state=restored["state"], source=source, load_s=load_s)
+
+    def _load_storage(self, step: int, rank: int, world_size: int, state: dict[str, Any] | None) -> dict[str, Any]:
         try:
             meta = json.loads(self.storage.read(f"{step_dir(step)}/checkpoint.json"))
             saved_world = int(meta["world_size"])
             src_rank = rank if rank < saved_world else 0
-            if src_rank != rank:
-                log.warning("checkpoint_rank_missing", rank=rank, saved_world_size=saved_world, using_rank=src_rank)
-            payload, _ = decode(self.storage.read(f"{step_dir(step)}/rank_{src_rank:05d}.safetensors"))
+            data = self.storage.read(shard_path(step, src_rank))
         except (OSError, KeyError, ValueError) as exc:
             raise CheckpointError(f"committed step {step} in {self.storage.url!r} is unreadable: {exc}") from exc
-        set_rng_state(payload["rng"])
-        restored = payload["state"]
-        if state is not None:
-            _apply(state, restored)
-        load_s = time.monotonic() - t0
-        writer = get_writer()
-        writer.write({"type": "restore", "step": step, "source": "storage", "load_s": round(load_s, 6)})
-        writer.mark()
-        log.info("checkpoint_restored", step=step, source="storage", load_s=round(load_s, 3))
-        return Restored(step=step, state=restored, source="storage", load_s=load_s)
+        expected = (meta.get("shards") or {}).get(str(src_rank), {}).get("crc32")
+        entries, metadata, start = parse_header(data)
+        if expected is not None:
+            data_len = max((e["data_offsets"][1] for e in entries.values()), default=0)
+            actual = zlib.crc32(memoryview(data)[start : start + data_len])
+            if actual != expected:
+                raise CheckpointError(f"step {step} rank {src_rank}: CRC32 {actual:#x} != committed {expected:#x} (corrupt file)")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # read-only buffer: the views are only read
+            views = tensor_views(data, start, entries)
+        tree = json.loads(metadata[TREE_KEY])
+        if src_rank != rank:
+            log.warning("checkpoint_rank_missing", rank=rank, saved_world_size=saved_world, using_rank=src_rank)
+            tree = _without_rng(tree)
+        if state is not None and (saved_world != world_size or _has_dtensor(state)):
+            views = _reshard(Path(self.storage.url.removeprefix("file://")) / step_dir(step), views, state,
+                             storage=self.storage, sharded=json.loads(metadata.get(DTENSORS_KEY, "[]")))
+        return _restore(tree, views, state, copy=True)
 
 
-def _apply(targets: dict[str, Any], restored: dict[str, Any]) -> None:
+class _CrcWriter:
+    """A binary stream wrapper that keeps a CRC32 of what follows the safetensors header."""
+
+    def __init__(self, f: Any) -> None:
+        self._f = f
+        self._header_done = False
+        self.crc = 0
+
+    def write(self, data: Any) -> int:
+        if self._header_done:
+            self.crc = zlib.crc32(data, self.crc)
+        self._header_done = True
+        return self._f.write(data)
+
+
+def _without_rng(tree: Any) -> Any:
+    """The tree minus its rank-local RNG states (another rank's RNG is not ours)."""
+    return {"__dict__": [[k, v] for k, v in tree["__dict__"] if k != "rng"]}
+
+
+def _has_dtensor(state: Any) -> bool:
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover
+        return False
+    from dlrover_core.checkpoint.state_format import flatten
+
+    _, leaves = flatten({"state": state})
+    return any(isinstance(v, DTensor) for v in leaves.values())
+
+
+def _reshard(step_path: Path, views: dict[str, Any], state: dict[str, Any], *, storage: Any,
+             sharded: list[str]) -> dict[str, Any]:
+    """Fill the targets' tensors from every rank's file of the step with DCP (resharding).
+
+    ``sharded`` names the saved keys that were DTensor shards: each needs a target tensor
+    (a target that has not allocated it — an optimizer before its first step — cannot be
+    resharded into)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import DefaultLoadPlanner, HuggingFaceStorageReader
+
+    from dlrover_core.checkpoint.state_format import flatten
+
+    if not step_path.is_dir():
+        raise CheckpointError(f"loading at another world size needs a local directory; {storage.url!r} is not one")
+    _, targets = flatten({"state": state})
+    wanted = {k: v for k, v in targets.items() if k in views and isinstance(v, torch.Tensor)}
+    missing = [k for k in sharded if k not in wanted]
+    if missing:
+        raise CheckpointError(
+            f"cannot reshard {len(missing)} saved shard(s) into targets that lack them (e.g. {missing[0]!r}); "
+            "an optimizer has no state before its first step: pass train.ModelOptimizerState(model, optimizer), "
+            "which allocates it (torch.distributed.checkpoint.state_dict)")
+    dcp.load(wanted, storage_reader=HuggingFaceStorageReader(str(step_path)),
+             planner=DefaultLoadPlanner(allow_partial_load=True))
+    return {**views, **wanted}
+
+
+def _restore(tree: Any, tensors: dict[str, Any], targets: dict[str, Any] | None, *, copy: bool) -> dict[str, Any]:
+    """Rebuild the saved state from ``tree`` and ``tensors``; load it into ``targets``.
+
+    With ``copy``, tensors that escape (returned, or given to objects that keep them, like
+    optimizers) are copied first, since the views die with the buffer; ``nn.Module`` targets
+    copy on their own in ``load_state_dict``.
+    """
     import torch
 
-    for key, target in targets.items():
-        if key not in restored:
-            raise CheckpointError(f"checkpoint has no entry {key!r} (it has: {', '.join(map(str, restored))})")
+    full = unflatten(tree, tensors)
+    saved = full["state"]
+    out = dict(saved)
+    for key, target in (targets or {}).items():
+        if key not in saved:
+            raise CheckpointError(f"checkpoint has no entry {key!r} (it has: {', '.join(map(str, saved))})")
+        value = saved[key]
+        if isinstance(target, torch.nn.Module):
+            target.load_state_dict(_as_dtensors(value, target.state_dict()))
+            out[key] = target.state_dict()
+            continue
+        value = _clone(value) if copy else value
         if hasattr(target, "load_state_dict"):
-            target.load_state_dict(restored[key])
+            target.load_state_dict(_as_dtensors(value, target.state_dict()))
         elif isinstance(target, torch.Tensor):
             with torch.no_grad():
-                target.copy_(restored[key])
+                target.copy_(value)
+        out[key] = value
+    for key in saved:
+        if key not in (targets or {}) and copy:
+            out[key] = _clone(saved[key])
+    full["state"] = out
+    if copy and "rng" in full:
+        full["rng"] = _clone(full["rng"])
+    return full
+
+
+def _clone(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, dict):
+        return {k: _clone(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_clone(v) for v in value)
+    return value
+
+
+def _as_dtensors(value: Any, target: Any) -> Any:
+    """Where ``target`` holds a DTensor and ``value`` a plain tensor (a saved local shard),
+    wrap the value as a DTensor like the target (same mesh, placements, global shape)."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover
+        return value
+    import torch
+
+    if isinstance(target, DTensor) and isinstance(value, torch.Tensor) and not isinstance(value, DTensor):
+        if value.shape != target.to_local().shape:
+            return value  # a resharded value already filled the target itself
+        return DTensor.from_local(value.to(target.device), target.device_mesh, target.placements,
+                                  shape=target.shape, stride=target.stride(), run_check=False)
+    if isinstance(value, dict) and isinstance(target, dict):
+        return {k: _as_dtensors(v, target.get(k)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) and isinstance(target, (list, tuple)) and len(value) == len(target):
+        return type(value)(_as_dtensors(v, t) for v, t in zip(value, target))
+    return value

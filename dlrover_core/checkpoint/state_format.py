@@ -1,48 +1,37 @@
-"""Turning a state dict into tensors plus JSON and back, without pickle.
+"""A state dict as a JSON tree plus tensor leaves, without pickle.
 
-A state (nested dicts, lists, tuples, tensors, numpy arrays, numbers, strings, None) is
-split into a flat ``{key: tensor}`` map and a JSON tree in which each tensor is replaced by
-``{"__tensor__": key}``. The tensors are stored with safetensors and the JSON tree in the
-safetensors header's ``__metadata__`` (a ``str → str`` map), so one file per rank holds
-everything and opens with ``safetensors.safe_open`` anywhere.
+``flatten`` splits a state (nested dicts, lists, tuples, tensors, DTensors, numpy arrays,
+numbers, strings, None, objects with ``state_dict()``) into a JSON-safe tree, in which each
+tensor is replaced by ``{"__tensor__": key}``, and a ``{key: tensor}`` map of references
+(nothing is copied). ``unflatten`` is the inverse. Keys are ``/``-joined paths.
 
-JSON tree encoding (chosen so any key type and container round-trips exactly):
+Tree encoding (so any key type and container round-trips exactly):
     dict  → {"__dict__": [[key, value], ...]}    (keys: str, int, float, bool or None)
     tuple → {"__tuple__": [...]}
     list  → [...]
     numpy array → {"__ndarray__": key}            (stored as a tensor)
-    objects with ``state_dict()`` are saved as their state dict.
 Anything else raises CheckpointError naming its path and type. Loading never executes code.
-
-Format reference: https://huggingface.co/docs/safetensors (header: 8-byte little-endian
-length, then a JSON header with an optional ``__metadata__`` entry).
 """
 
 from __future__ import annotations
 
-import json
-import struct
 from typing import Any
 
 from dlrover_core.errors import CheckpointError
 
-__all__ = ["FORMAT_VERSION", "decode", "encode", "flatten", "unflatten"]
-
-FORMAT_VERSION = "dlrover-state/1"
-_META_KEY = "dlrover_state"
+__all__ = ["flatten", "unflatten"]
 
 
 def flatten(state: Any) -> tuple[Any, dict[str, Any]]:
-    """Split ``state`` into ``(json_tree, {key: tensor})``; tensors are detached CPU tensors."""
+    """``(json_tree, {key: leaf})``; leaves are the caller's tensors (or numpy arrays)."""
     import numpy as np
     import torch
 
-    tensors: dict[str, torch.Tensor] = {}
-    seen_storage: set[int] = set()
+    leaves: dict[str, Any] = {}
 
     def key_for(path: str) -> str:
         key, n = path or "_", 1
-        while key in tensors:
+        while key in leaves:
             n += 1
             key = f"{path}~{n}"
         return key
@@ -50,21 +39,11 @@ def flatten(state: Any) -> tuple[Any, dict[str, Any]]:
     def walk(obj: Any, path: str) -> Any:
         if isinstance(obj, torch.Tensor):
             key = key_for(path)
-            t = obj.detach()
-            if t.device.type != "cpu":
-                t = t.cpu()
-            t = t.contiguous()
-            # safetensors refuses tensors that share memory; give each its own storage.
-            ptr = t.untyped_storage().data_ptr()
-            if t.numel() and ptr in seen_storage:
-                t = t.clone()
-            elif t.numel():
-                seen_storage.add(ptr)
-            tensors[key] = t
+            leaves[key] = obj.detach()
             return {"__tensor__": key}
         if isinstance(obj, np.ndarray):
             key = key_for(path)
-            tensors[key] = torch.from_numpy(np.ascontiguousarray(obj)).clone()
+            leaves[key] = obj
             return {"__ndarray__": key}
         if isinstance(obj, np.generic):
             return obj.item()
@@ -88,11 +67,12 @@ def flatten(state: Any) -> tuple[Any, dict[str, Any]]:
             "is not a tensor, array, number, string, None, dict, list, tuple or object with state_dict()"
         )
 
-    return walk(state, ""), tensors
+    return walk(state, ""), leaves
 
 
 def unflatten(tree: Any, tensors: dict[str, Any]) -> Any:
-    """Inverse of :func:`flatten`."""
+    """Inverse of :func:`flatten`: ``tensors`` maps keys to tensors (numpy leaves are
+    converted back with ``.numpy()``)."""
     if isinstance(tree, list):
         return [unflatten(v, tensors) for v in tree]
     if isinstance(tree, dict):
@@ -108,39 +88,22 @@ def unflatten(tree: Any, tensors: dict[str, Any]) -> Any:
     return tree
 
 
-def encode(state: Any, extra_metadata: dict[str, str] | None = None) -> bytes:
-    """``state`` as safetensors bytes (JSON tree in the header metadata)."""
-    from safetensors.torch import save
+def tensor_keys(tree: Any) -> list[str]:
+    """Keys of every tensor or array leaf in ``tree``."""
+    out: list[str] = []
 
-    tree, tensors = flatten(state)
-    metadata = {"format": FORMAT_VERSION, _META_KEY: json.dumps(tree, separators=(",", ":"))}
-    metadata.update(extra_metadata or {})
-    return save(tensors, metadata=metadata)
+    def walk(node: Any) -> None:
+        if isinstance(node, list):
+            for v in node:
+                walk(v)
+        elif isinstance(node, dict):
+            if "__tensor__" in node or "__ndarray__" in node:
+                out.append(node.get("__tensor__") or node["__ndarray__"])
+            elif "__tuple__" in node:
+                walk(node["__tuple__"])
+            elif "__dict__" in node:
+                for _, v in node["__dict__"]:
+                    walk(v)
 
-
-def read_metadata(data: bytes) -> dict[str, str]:
-    """The ``__metadata__`` map of safetensors bytes (only the header is parsed)."""
-    if len(data) < 8:
-        raise CheckpointError("not a safetensors file: shorter than its 8-byte header length")
-    (n,) = struct.unpack("<Q", data[:8])
-    if n > len(data) - 8:
-        raise CheckpointError("not a safetensors file: header length exceeds the file size (torn file?)")
-    try:
-        header = json.loads(data[8 : 8 + n])
-    except ValueError as exc:
-        raise CheckpointError(f"not a safetensors file: header is not JSON ({exc})") from None
-    return header.get("__metadata__") or {}
-
-
-def decode(data: bytes) -> tuple[Any, dict[str, str]]:
-    """Inverse of :func:`encode`: ``(state, metadata)``."""
-    from safetensors.torch import load
-
-    metadata = read_metadata(data)
-    if metadata.get("format") != FORMAT_VERSION or _META_KEY not in metadata:
-        raise CheckpointError(f"not a dlrover state file (format {metadata.get('format')!r}, want {FORMAT_VERSION!r})")
-    try:
-        tensors = load(data)
-    except Exception as exc:
-        raise CheckpointError(f"corrupt safetensors data: {exc}") from None
-    return unflatten(json.loads(metadata[_META_KEY]), tensors), metadata
+    walk(tree)
+    return out

@@ -58,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     host = get_host()
+    storage = host.registries.storage.get(job.checkpoint.storage)(job.checkpoint.dir)
     master = JobMaster(job, args.job_id, store_host=args.store_host, store_factory=_store_factory(),
-                       log_dir=log_dir, emit=host.emit)
+                       storage=storage, log_dir=log_dir, emit=host.emit)
     server = MasterServer(master, args.host, args.port)
     server.start()
     log.info("master_started", job_id=args.job_id, addr=f"{args.host}:{server.port}", pid=os.getpid())

@@ -24,11 +24,13 @@ import attrs
 
 from dlrover_core.events import JobEvent
 from dlrover_core.logging import get_logger
+from dlrover_core.master.checkpoints import CheckpointCoordinator
 from dlrover_core.master.goodput import GoodputTracker
 from dlrover_core.master.rendezvous import RendezvousManager, Round
 from dlrover_core.result import FailureRecord, JobResult
 from dlrover_core.schedulers.base import JobState
 from dlrover_core.spec import Job
+from dlrover_core.storage.base import CheckpointStorage
 
 __all__ = ["JobMaster", "NodeRecord"]
 
@@ -79,6 +81,8 @@ class JobMaster:
         job_id: this run's id.
         store_host: address workers use to reach the round stores.
         store_factory: makes a fresh TCPStore server per round.
+        storage: the job's checkpoint storage (commits and restore decisions); ``None``
+            when the master does not coordinate checkpoints.
         log_dir: where ``events.jsonl`` goes (``None``: nowhere).
         emit: called with every :class:`JobEvent` (plugin observers).
         clock: monotonic seconds (injectable for tests).
@@ -91,6 +95,7 @@ class JobMaster:
         *,
         store_host: str,
         store_factory: StoreFactory,
+        storage: CheckpointStorage | None = None,
         log_dir: Path | None = None,
         emit: Callable[[JobEvent], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -120,6 +125,12 @@ class JobMaster:
         self.goodput = GoodputTracker()
         self.started = clock()
         self.ended: float | None = None
+        self.checkpoints = (
+            CheckpointCoordinator(storage, keep_last=job.checkpoint.keep_last, event=self._checkpoint_event)
+            if storage is not None else None
+        )
+        if self.checkpoints is not None and self.checkpoints.latest is not None:
+            self.goodput.last_committed_step = self.checkpoints.latest
 
     # ----- helpers -------------------------------------------------------------------
 
@@ -132,6 +143,11 @@ class JobMaster:
             self._events_file.write(json.dumps(event.to_dict()) + "\n")
         if self._emit_hook is not None:
             self._emit_hook(event)
+
+    def _checkpoint_event(self, kind: str, **data: Any) -> None:
+        if kind == "checkpoint_committed":
+            self.goodput.add({"type": "checkpoint", "step": data["step"], "stall_s": 0.0, "committed": True})
+        self._event(kind, **data)
 
     def _node(self, node_id: int) -> NodeRecord:
         node = self.nodes.get(node_id)
@@ -232,14 +248,37 @@ class JobMaster:
                     self.metrics[k] = float(v)
                 except (TypeError, ValueError):
                     pass
-        elif kind == "checkpoint" and record.get("committed"):
-            self._event("checkpoint_committed", step=record["step"], stall_s=record.get("stall_s"))
         elif kind == "restore":
             self._event("checkpoint_restored", step=record["step"], source=record.get("source"),
                         load_s=record.get("load_s"))
             for f in self.failures:
                 if f["restored_step"] is None and f["counted"]:
                     f["restored_step"], f["restored_from"] = int(record["step"]), record.get("source")
+
+    # ----- checkpoints -------------------------------------------------------------------
+
+    def _coordinator(self) -> CheckpointCoordinator:
+        if self.checkpoints is None:
+            raise ValueError("this master does not coordinate checkpoints (no storage)")
+        return self.checkpoints
+
+    def checkpoint_shard(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A rank's shard of a step is durable in storage."""
+        with self._lock:
+            return self._coordinator().shard_done(step=int(body["step"]), rank=int(body["rank"]),
+                                                  world_size=int(body["world_size"]), info=body)
+
+    def checkpoint_error(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Persisting a shard failed (disk full, permission...): record it; training goes on."""
+        with self._lock:
+            self._event("checkpoint_persist_failed", **{k: body.get(k) for k in ("node_id", "rank", "step", "error")})
+            return {"action": "none"}
+
+    def restore_plan(self, body: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            return self._coordinator().restore_plan(
+                round_index=int(body["round"]), rank=int(body["rank"]), world_size=int(body["world_size"]),
+                memory_steps=[int(s) for s in body.get("memory_steps") or []])
 
     def failure(self, node_id: int, round_index: int, failures: list[dict[str, Any]]) -> dict[str, Any]:
         """Workers of ``node_id`` failed in round ``round_index``; decide restart or stop."""

@@ -11,6 +11,9 @@ Every endpoint takes and returns JSON; a 4xx answer carries ``{"error": ...}``.
 ``POST /v1/succeeded``      ``{node_id, round}`` → ``{action}``
 ``POST /v1/exited``         ``{node_id}``
 ``POST /v1/cancel``         ``{reason}``
+``POST /v1/checkpoint_shard`` ``{node_id, rank, step, world_size, crc32, bytes}`` → ``{committed}``
+``POST /v1/checkpoint_error`` ``{node_id, rank, step, error}``
+``POST /v1/restore_plan``   ``{round, rank, world_size, memory_steps}`` → ``{state, source, step}``
 ``GET  /v1/status``         live status (``JobStatus`` fields plus the node table)
 ``GET  /v1/result``         the JobResult as a dict
 ==========================  ===========================================================
@@ -54,6 +57,9 @@ class MasterServer:
             "succeeded": lambda b: m.succeeded(int(b["node_id"]), int(b["round"])),
             "exited": lambda b: m.exited(int(b["node_id"])),
             "cancel": lambda b: m.cancel(str(b.get("reason") or "cancelled by the user")),
+            "checkpoint_shard": m.checkpoint_shard,
+            "checkpoint_error": m.checkpoint_error,
+            "restore_plan": m.restore_plan,
             "status": lambda b: m.status(),
             "result": lambda b: m.result().to_dict(),
         }

@@ -1,6 +1,6 @@
 """A tiny DDP job for the end-to-end tests: a linear model on synthetic data.
 
-Args: --steps N, --fail-at STEP (exit --exit-code at that step on the first attempt of rank
+Args: --steps N, --fail-at STEP (exit --exit-code at the first step >= STEP, on the first attempt of rank
 --fail-rank), --fail-always (fail at --fail-at on every attempt), --out PATH (rank 0 writes the
 final parameters' sha256), --step-sleep S (slow steps down), --spawn-grandchild (start a
 `sleep` that outlives nobody), --sigterm-file PATH (on SIGTERM, write PATH and exit 0).
@@ -59,7 +59,7 @@ def main() -> int:
             time.sleep(a.step_sleep)
         ckpt.save(step, {"model": model, "optimizer": opt})
         first = info.restart_count == 0
-        if step == a.fail_at and info.rank == a.fail_rank and (first or a.fail_always):
+        if step >= a.fail_at >= 0 and info.rank == a.fail_rank and (first or a.fail_always):
             print(f"failing on purpose at step {step}", flush=True)
             sys.stdout.flush()
             os._exit(a.exit_code)

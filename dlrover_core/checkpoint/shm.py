@@ -1,0 +1,241 @@
+"""Shared-memory snapshot slots: a file in /dev/shm, a fixed header, flock, mmap.
+
+One slot holds one snapshot of one rank::
+
+    offset 0     header (``HEADER_SIZE`` bytes, fields below)
+    layout_off   layout JSON (tensor table and the non-tensor tree)
+    data_off     tensor bytes, packed in layout order (4096-aligned start)
+
+Publishing protocol (the writer holds ``LOCK_EX`` on the slot file): set ``state`` to
+WRITING, write layout and data, write the fields with the header checksum, and set
+``state`` to READY last. A reader takes ``LOCK_SH``, and trusts the slot only if ``state``
+is READY and the checksum over fields and layout matches — so a writer killed mid-copy
+leaves a slot that is simply not READY, never a torn snapshot. flock locks die with their
+process, so a SIGKILLed holder never blocks anyone.
+
+Segments are named ``dlrover-<job_id>-n<node>-r<rank>-s<slot>`` so the node's agent and the
+local scheduler can find and remove every segment of a job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import mmap
+import os
+import re
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+
+__all__ = [
+    "HEADER_SIZE",
+    "SHM_DIR",
+    "READY",
+    "SlotHeader",
+    "SnapshotSlot",
+    "remove_segments",
+    "segment_name",
+    "shm_free_bytes",
+]
+
+SHM_DIR = Path(os.environ.get("DLROVER_SHM_DIR", "/dev/shm"))
+HEADER_SIZE = 4096
+_MAGIC = b"DLRFCP1\0"
+# magic, state, flags, step, seq, world_size, rank, layout_off, layout_len, data_off, data_len, crc
+_FMT = "<8sIIqQIIQQQQI"
+EMPTY, WRITING, READY = 0, 1, 2
+FLAG_PERSIST = 1
+
+_NAME_RE = re.compile(r"dlrover-(?P<job>.+)-n(?P<node>\d+)-r(?P<rank>\d+)-s(?P<slot>\d+)")
+
+
+def segment_name(job_id: str, node_id: int, rank: int, slot: int) -> str:
+    return f"dlrover-{job_id}-n{node_id}-r{rank}-s{slot}"
+
+
+def remove_segments(prefix: str) -> list[str]:
+    """Unlink every segment in /dev/shm whose name starts with ``prefix``; return their names."""
+    removed = []
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        if name.startswith(prefix):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(SHM_DIR / name)
+                removed.append(name)
+    return removed
+
+
+def shm_free_bytes() -> int:
+    """Bytes that can still be allocated in /dev/shm."""
+    st = os.statvfs(SHM_DIR)
+    return st.f_bavail * st.f_frsize
+
+
+@attrs.frozen(kw_only=True)
+class SlotHeader:
+    """The published fields of a slot (``valid`` when READY with a matching checksum)."""
+
+    state: int
+    flags: int
+    step: int
+    seq: int
+    world_size: int
+    rank: int
+    layout_off: int
+    layout_len: int
+    data_off: int
+    data_len: int
+    crc: int
+    valid: bool
+
+    @property
+    def persist_requested(self) -> bool:
+        return bool(self.flags & FLAG_PERSIST)
+
+
+def _checksum(fields: tuple, layout: bytes | memoryview) -> int:
+    return zlib.crc32(layout, zlib.crc32(struct.pack("<IqQIIQQQQ", *fields)))
+
+
+class SnapshotSlot:
+    """One slot (a shared-memory file), opened by a worker (to write and restore) or by the
+    agent (to persist). Create with :meth:`open`; the mapping follows the file's size."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self.fd = fd
+        self.mm: mmap.mmap | None = None
+        self._retired: list[mmap.mmap] = []
+        self._mapped = 0
+        self._remap()
+
+    @classmethod
+    def open(cls, name: str, *, create: bool) -> SnapshotSlot | None:
+        """Open ``/dev/shm/<name>``; with ``create`` make it (empty) if missing."""
+        path = SHM_DIR / name
+        flags = os.O_RDWR | (os.O_CREAT if create else 0)
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileNotFoundError:
+            return None
+        return cls(path, fd)
+
+    @property
+    def size(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def _remap(self) -> None:
+        size = self.size
+        if size == self._mapped and self.mm is not None:
+            return
+        if self.mm is not None:
+            try:
+                self.mm.close()
+            except BufferError:  # tensors still view the old mapping: it lives until they die
+                self._retired.append(self.mm)
+            self.mm = None
+        if size >= HEADER_SIZE:
+            self.mm = mmap.mmap(self.fd, size)
+        self._mapped = size
+
+    def ensure_size(self, nbytes: int) -> bool:
+        """Grow the segment to at least ``nbytes`` and pre-touch new pages (writer holds
+        LOCK_EX). Returns whether it grew. Raises OSError (ENOSPC) if /dev/shm is full."""
+        self._remap()
+        if self._mapped >= nbytes:
+            return False
+        old = self._mapped
+        os.posix_fallocate(self.fd, 0, nbytes)  # reserves the pages now: ENOSPC here, not SIGBUS later
+        self._remap()
+        assert self.mm is not None
+        view = memoryview(self.mm)
+        # touch one byte per page of the new part, so the first snapshot does not page-fault
+        page = mmap.PAGESIZE
+        zero = b"\0"
+        for off in range(old - old % page, nbytes, page):
+            view[off : off + 1] = zero
+        view.release()
+        return True
+
+    # ----- locking -----------------------------------------------------------------------
+
+    def try_lock(self, exclusive: bool) -> bool:
+        try:
+            fcntl.flock(self.fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+
+    def lock(self, exclusive: bool) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+
+    def unlock(self) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        self.lock(False)
+        try:
+            yield
+        finally:
+            self.unlock()
+
+    # ----- header ------------------------------------------------------------------------
+
+    def header(self) -> SlotHeader | None:
+        """Read the header (hold a lock for a stable answer); ``None`` if the slot is empty."""
+        self._remap()
+        if self.mm is None:
+            return None
+        magic, state, flags, *fields = struct.unpack_from(_FMT, self.mm, 0)
+        if magic != _MAGIC:
+            return None
+        step, seq, world, rank, layout_off, layout_len, data_off, data_len, crc = fields
+        valid = False
+        if state == READY and layout_off + layout_len <= self._mapped and data_off + data_len <= self._mapped:
+            covered = (flags, step, seq, world, rank, layout_off, layout_len, data_off, data_len)
+            valid = _checksum(covered, memoryview(self.mm)[layout_off : layout_off + layout_len]) == crc
+        return SlotHeader(state=state, flags=flags, step=step, seq=seq, world_size=world, rank=rank,
+                          layout_off=layout_off, layout_len=layout_len, data_off=data_off, data_len=data_len,
+                          crc=crc, valid=valid)
+
+    def begin_write(self) -> None:
+        """Mark the slot WRITING (first thing a writer does)."""
+        assert self.mm is not None
+        struct.pack_into("<8sI", self.mm, 0, _MAGIC, WRITING)
+
+    def publish(self, *, flags: int, step: int, seq: int, world_size: int, rank: int, layout_len: int,
+                data_off: int, data_len: int) -> None:
+        """Write the fields and checksum, then mark READY (after layout and data are written)."""
+        assert self.mm is not None
+        fields = (flags, step, seq, world_size, rank, HEADER_SIZE, layout_len, data_off, data_len)
+        crc = _checksum(fields, memoryview(self.mm)[HEADER_SIZE : HEADER_SIZE + layout_len])
+        struct.pack_into(_FMT, self.mm, 0, _MAGIC, WRITING, *fields, crc)
+        struct.pack_into("<I", self.mm, 8, READY)
+
+    def invalidate(self) -> None:
+        """Mark the slot EMPTY (a snapshot of an abandoned lineage)."""
+        if self.mm is not None:
+            struct.pack_into("<8sI", self.mm, 0, _MAGIC, EMPTY)
+
+    def close(self) -> None:
+        for m in [self.mm, *self._retired]:
+            if m is not None:
+                with contextlib.suppress(BufferError):
+                    m.close()
+        self.mm, self._retired = None, []
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+def parse_segment_name(name: str) -> dict[str, str] | None:
+    """``{"job", "node", "rank", "slot"}`` of a segment name, or ``None``."""
+    m = _NAME_RE.fullmatch(name)
+    return m.groupdict() if m else None

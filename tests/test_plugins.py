@@ -3,25 +3,16 @@
 from __future__ import annotations
 
 import json
-import textwrap
 import types
 
 import pytest
 from click.testing import CliRunner
+from helpers import install_dist
 
 from dlrover_core import PluginError, PluginNotFoundError, hookimpl
 from dlrover_core.cli import main as cli
 from dlrover_core.plugins import PluginHost, get_host
 from dlrover_core.storage.posix import PosixStorage
-
-
-def install_dist(site, dist: str, module: str, source: str, ep_name: str | None = None) -> None:
-    """Make a real installed distribution (dist-info with an entry point) under ``site``."""
-    (site / f"{module}.py").write_text(textwrap.dedent(source))
-    info = site / f"{dist.replace('-', '_')}-1.2.3.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.2.3\n")
-    (info / "entry_points.txt").write_text(f"[dlrover]\n{ep_name or dist} = {module}\n")
 
 
 GOOD = """

@@ -307,7 +307,7 @@ class Checkpointer:
         if src_rank != rank:
             log.warning("checkpoint_rank_missing", rank=rank, saved_world_size=saved_world, using_rank=src_rank)
             tree = _without_rng(tree)
-        if state is not None and (saved_world != world_size or _has_dtensor(state)):
+        if state is not None and (saved_world != world_size or _shards_differ(views, state)):
             views = _reshard(Path(self.storage.url.removeprefix("file://")) / step_dir(step), views, state,
                              storage=self.storage, sharded=json.loads(metadata.get(DTENSORS_KEY, "[]")))
         return _restore(tree, views, state, copy=True)
@@ -333,15 +333,17 @@ def _without_rng(tree: Any) -> Any:
     return {"__dict__": [[k, v] for k, v in tree["__dict__"] if k != "rng"]}
 
 
-def _has_dtensor(state: Any) -> bool:
+def _shards_differ(views: dict[str, Any], state: dict[str, Any]) -> bool:
+    """Whether a target DTensor's local shard has another shape than the saved one."""
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:  # pragma: no cover
         return False
     from dlrover_core.checkpoint.state_format import flatten
 
-    _, leaves = flatten({"state": state})
-    return any(isinstance(v, DTensor) for v in leaves.values())
+    _, targets = flatten({"state": state})
+    return any(isinstance(t, DTensor) and k in views and tuple(t.to_local().shape) != tuple(views[k].shape)
+               for k, t in targets.items())
 
 
 def _reshard(step_path: Path, views: dict[str, Any], state: dict[str, Any], *, storage: Any,

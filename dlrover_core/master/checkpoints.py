@@ -8,6 +8,8 @@
 * Restore: every rank reports which steps it holds in memory; when all ranks of the round
   have, the newest step held by all of them wins if it is not older than the last commit;
   otherwise the last commit is loaded from storage; otherwise training starts fresh.
+  (With two slots per rank, a rank killed while overwriting its newer slot during a long
+  persist of the older one holds only the older step; if no step is common, storage wins.)
 """
 
 from __future__ import annotations
@@ -36,8 +38,8 @@ class CheckpointCoordinator:
     Args:
         storage: the job's checkpoint storage.
         keep_last: committed steps to keep.
-        event: called as ``event(kind, **data)`` for ``checkpoint_committed`` and
-            ``checkpoint_commit_failed``.
+        event: called as ``event(kind, **data)`` for ``checkpoint_committed``,
+            ``checkpoint_commit_failed`` and ``restore_decided``.
     """
 
     def __init__(self, storage: CheckpointStorage, *, keep_last: int, event: Callable[..., None]) -> None:
@@ -121,5 +123,9 @@ class CheckpointCoordinator:
             decision = {"state": "ready", "source": "fresh", "step": None}
         self._decisions[key] = decision
         del self._plans[key]
-        log.info("restore_decided", round=round_index, world_size=world_size, **{k: decision[k] for k in ("source", "step")})
+        held = {str(r): v for r, v in sorted(reports.items())}
+        log.info("restore_decided", round=round_index, world_size=world_size, committed=self.latest, held=held,
+                 source=decision["source"], step=decision["step"])
+        self._event("restore_decided", round=round_index, world_size=world_size, committed=self.latest, held=held,
+                    source=decision["source"], step=decision["step"])
         return decision

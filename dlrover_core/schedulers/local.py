@@ -27,6 +27,7 @@ import psutil
 
 from dlrover_core import env
 from dlrover_core.agent.launch import worker_argv, worker_env
+from dlrover_core.checkpoint.shm import remove_segments
 from dlrover_core.errors import SchedulerError
 from dlrover_core.plugins import get_host, hookimpl
 from dlrover_core.result import JobResult
@@ -283,6 +284,8 @@ class LocalScheduler(SchedulerBackend):
         for pid in [*info["agents"].values(), *info.get("relaunched", {}).values(), info["master_pid"]]:
             _kill_tree(int(pid), grace_s)
         self._reap(handle)
+        # agents remove their node's segments when they exit; this catches a SIGKILLed agent
+        remove_segments(f"dlrover-{handle.job_id}-")
 
     def relaunch_node(self, handle: JobHandle, node_id: int) -> None:
         info = self._info(handle)

@@ -30,6 +30,7 @@ def main() -> int:
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--spawn-grandchild", action="store_true")
     p.add_argument("--sigterm-file", default="")
+    p.add_argument("--extra-mb", type=float, default=0.0, help="checkpoint this many MiB more (a buffer)")
     a = p.parse_args()
     if a.sigterm_file:
         def on_term(signum, frame):
@@ -44,7 +45,8 @@ def main() -> int:
     torch.manual_seed(0)
     model, opt = train.prepare(torch.nn.Linear(8, 1), lr=0.01)
     ckpt = train.Checkpointer()
-    restored = ckpt.load({"model": model, "optimizer": opt})
+    extra = torch.zeros(int(a.extra_mb * 2**20) // 4)
+    restored = ckpt.load({"model": model, "optimizer": opt, "extra": extra})
     start = restored.step + 1 if restored else 0
     g = torch.Generator().manual_seed(1234 + info.rank)
     for step in range(start, a.steps):
@@ -57,7 +59,8 @@ def main() -> int:
         train.report(step, loss=loss.item())
         if a.step_sleep:
             time.sleep(a.step_sleep)
-        ckpt.save(step, {"model": model, "optimizer": opt})
+        extra.fill_(step)
+        ckpt.save(step, {"model": model, "optimizer": opt, "extra": extra})
         first = info.restart_count == 0
         if step >= a.fail_at >= 0 and info.rank == a.fail_rank and (first or a.fail_always):
             print(f"failing on purpose at step {step}", flush=True)

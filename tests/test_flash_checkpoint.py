@@ -1,0 +1,181 @@
+"""Flash Checkpoint pieces in one process: slots, the saver, commits and restore decisions."""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+
+import pytest
+import torch
+
+from dlrover_core.checkpoint.layout import build_layout, decode, parse_header
+from dlrover_core.checkpoint.memory import MemorySnapshots
+from dlrover_core.checkpoint.saver import CheckpointSaver, shard_path
+from dlrover_core.checkpoint.shm import SHM_DIR, SnapshotSlot, remove_segments, segment_name
+from dlrover_core.master.checkpoints import CheckpointCoordinator
+from dlrover_core.storage.posix import PosixStorage
+
+
+@pytest.fixture
+def job_id(request):
+    jid = f"unit{os.getpid()}{abs(hash(request.node.name)) % 10**6}"
+    yield jid
+    remove_segments(f"dlrover-{jid}-")
+
+
+def layout(step: int, rank: int = 0, world: int = 1, n: int = 1000):
+    return build_layout({"state": {"w": torch.full((n,), float(step)), "step": step}}, step=step, rank=rank,
+                        world_size=world)
+
+
+def test_snapshot_round_trip_and_slot_rotation(job_id):
+    """Saves alternate between the two slots; reads give the exact bytes of a held step."""
+    snaps = MemorySnapshots(job_id=job_id, node_id=0, rank=0)
+    try:
+        for step in (1, 2, 3):
+            snaps.save(layout(step), step=step, world_size=1, persist=step == 2)
+        assert snaps.held_steps(1) == [2, 3]
+        assert snaps.held_steps(2) == []  # another world size: not ours
+        with snaps.read(3, 1) as (views, meta):
+            assert torch.equal(views["state/w"], torch.full((1000,), 3.0))
+            assert json.loads(meta["step"]) == 3
+        with pytest.raises(LookupError):
+            with snaps.read(1, 1):
+                pass
+        snaps.forget_after(2)
+        assert snaps.held_steps(1) == [2]
+    finally:
+        snaps.close()
+
+
+def test_a_save_never_overwrites_a_snapshot_being_read(job_id):
+    """While the persister holds a slot, saves go to the other one, and do not wait."""
+    snaps = MemorySnapshots(job_id=job_id, node_id=0, rank=0)
+    persister = SnapshotSlot.open(segment_name(job_id, 0, 0, 0), create=False)
+    try:
+        snaps.save(layout(1), step=1, world_size=1, persist=True)  # slot 0 (both empty: first one)
+        snaps.save(layout(2), step=2, world_size=1, persist=False)  # slot 1
+        assert persister.header().step in (1, 2)
+        held_slot = persister if persister.header().step == 1 else None
+        assert held_slot is not None
+        assert held_slot.try_lock(exclusive=False)  # the persister reads step 1
+        for step in (3, 4, 5):
+            snaps.save(layout(step), step=step, world_size=1, persist=False)
+        assert held_slot.header().step == 1 and held_slot.header().valid
+        held_slot.unlock()
+        assert snaps.held_steps(1) == [1, 5]
+    finally:
+        persister.close()
+        snaps.close()
+
+
+def test_a_writer_killed_mid_copy_leaves_no_readable_torn_slot(job_id):
+    """A slot whose writer died after marking it WRITING is not READY: nobody reads it."""
+    snaps = MemorySnapshots(job_id=job_id, node_id=0, rank=0)
+    try:
+        snaps.save(layout(1), step=1, world_size=1, persist=False)
+        slot = SnapshotSlot.open(segment_name(job_id, 0, 0, 0), create=False)
+        slot.begin_write()  # what a writer does first; then it "dies"
+        assert slot.header().valid is False
+        slot.close()
+        assert snaps.held_steps(1) == []
+    finally:
+        snaps.close()
+
+
+def test_saver_persists_flagged_snapshots_with_crc(job_id, tmp_path):
+    storage = PosixStorage(str(tmp_path))
+    reports = []
+    saver = CheckpointSaver(job_id=job_id, node_id=0, storage=storage,
+                            report=lambda endpoint, body: reports.append((endpoint, body)) or {"committed": None})
+    snaps = MemorySnapshots(job_id=job_id, node_id=0, rank=0)
+    try:
+        saver.set_ranks([0])
+        snaps.save(layout(1), step=1, world_size=1, persist=False)
+        assert saver.persist_due() == 0  # not flagged
+        snaps.save(layout(2), step=2, world_size=1, persist=True)
+        assert saver.persist_due() == 1
+        assert saver.persist_due() == 0  # once only
+        data = (tmp_path / shard_path(2, 0)).read_bytes()
+        entries, _, start = parse_header(data)
+        (endpoint, body), = reports
+        assert endpoint == "checkpoint_shard" and body["step"] == 2 and body["rank"] == 0
+        assert body["crc32"] == zlib.crc32(data[start:])
+        state, _ = decode(data)
+        assert torch.equal(state["state"]["w"], torch.full((1000,), 2.0))
+        # at a breakpoint, unflagged snapshots newer than the last commit are persisted too
+        snaps.save(layout(3), step=3, world_size=1, persist=False)
+        assert saver.persist_breakpoint() == 1
+        assert (tmp_path / shard_path(3, 0)).exists()
+    finally:
+        snaps.close()
+        saver.stop()
+
+
+def test_saver_reports_storage_errors_and_goes_on(job_id, tmp_path):
+    blocked = tmp_path / "ro"
+    blocked.write_text("a file where a directory should be")  # every write under it fails
+    reports = []
+    saver = CheckpointSaver(job_id=job_id, node_id=0, storage=PosixStorage(str(blocked)),
+                            report=lambda endpoint, body: reports.append((endpoint, body)) or {})
+    snaps = MemorySnapshots(job_id=job_id, node_id=0, rank=0)
+    try:
+        saver.set_ranks([0])
+        snaps.save(layout(2), step=2, world_size=1, persist=True)
+        assert saver.persist_due() == 0
+        assert reports and reports[0][0] == "checkpoint_error" and reports[0][1]["step"] == 2
+    finally:
+        snaps.close()
+        saver.stop()
+
+
+def test_commit_needs_every_rank_and_only_moves_forward(tmp_path):
+    storage = PosixStorage(str(tmp_path))
+    events = []
+    c = CheckpointCoordinator(storage, keep_last=2, event=lambda kind, **d: events.append((kind, d["step"] if "step" in d else None)))
+    for step in (10, 20, 30):
+        for r in range(2):
+            storage.write_bytes(shard_path(step, r), b"x")
+    storage.write_bytes(shard_path(25, 0), b"torn")  # a step that never completes
+    assert c.shard_done(step=10, rank=0, world_size=2, info={"crc32": 1, "bytes": 1}) == {"committed": None}
+    assert c.shard_done(step=10, rank=1, world_size=2, info={"crc32": 2, "bytes": 1}) == {"committed": 10}
+    assert storage.latest_step() == 10
+    for step in (20, 30):
+        c.shard_done(step=step, rank=0, world_size=2, info={})
+        c.shard_done(step=step, rank=1, world_size=2, info={})
+    assert c.shard_done(step=20, rank=0, world_size=2, info={}) == {"committed": 30}  # stale: ignored
+    assert storage.latest_step() == 30
+    assert sorted({p.split("/")[0] for p in storage.list() if p.startswith("step_")}) == [
+        "step_0000000020", "step_0000000030"]  # keep_last=2; the torn 25 is gone too
+    meta = json.loads(storage.read("step_0000000030/checkpoint.json"))
+    assert meta["world_size"] == 2 and sorted(meta["shards"]) == ["0", "1"]
+    assert [k for k, _ in events].count("checkpoint_committed") == 3
+
+
+@pytest.mark.parametrize(
+    ("held", "committed", "want"),
+    [
+        ({0: [4, 5], 1: [4, 5]}, 4, ("memory", 5)),
+        ({0: [4, 5], 1: [3, 4]}, 4, ("memory", 4)),
+        ({0: [5, 6], 1: [3]}, 2, ("storage", 2)),   # no common step
+        ({0: [3], 1: [3]}, 4, ("storage", 4)),      # memory older than the commit
+        ({0: [], 1: []}, None, ("fresh", None)),
+    ],
+)
+def test_restore_decision(tmp_path, held, committed, want):
+    storage = PosixStorage(str(tmp_path))
+    if committed is not None:
+        storage.commit(committed)
+    c = CheckpointCoordinator(storage, keep_last=3, event=lambda *a, **k: None)
+    answers = [c.restore_plan(round_index=1, rank=r, world_size=2, memory_steps=s) for r, s in held.items()]
+    assert answers[0] == {"state": "waiting"}
+    assert (answers[1]["source"], answers[1]["step"]) == want
+    assert c.restore_plan(round_index=1, rank=0, world_size=2, memory_steps=[]) == answers[1]  # decided once
+
+
+def test_segments_live_in_the_shm_dir(job_id):
+    snaps = MemorySnapshots(job_id=job_id, node_id=3, rank=7)
+    snaps.close()
+    assert sorted(n for n in os.listdir(SHM_DIR) if n.startswith(f"dlrover-{job_id}-")) == [
+        f"dlrover-{job_id}-n3-r7-s0", f"dlrover-{job_id}-n3-r7-s1"]

@@ -179,3 +179,34 @@ def test_segments_live_in_the_shm_dir(job_id):
     snaps.close()
     assert sorted(n for n in os.listdir(SHM_DIR) if n.startswith(f"dlrover-{job_id}-")) == [
         f"dlrover-{job_id}-n3-r7-s0", f"dlrover-{job_id}-n3-r7-s1"]
+
+
+def test_a_snapshot_awaiting_its_persist_is_not_overwritten(job_id, tmp_path):
+    """Memory saves after a persist request leave the requested snapshot alone until the
+    saver has written it; if persist requests come faster than the disk, the newest one
+    inherits the request (nothing requested is silently dropped)."""
+    storage = PosixStorage(str(tmp_path))
+    saver = CheckpointSaver(job_id=job_id, node_id=0, storage=storage, report=lambda e, b: {"committed": None})
+    snaps = MemorySnapshots(job_id=job_id, node_id=0, rank=0)
+    try:
+        saver.set_ranks([0])
+        snaps.save(layout(10), step=10, world_size=1, persist=True)
+        for step in (11, 12, 13):
+            snaps.save(layout(step), step=step, world_size=1, persist=False)
+            assert 10 in snaps.held_steps(1) and step in snaps.held_steps(1)
+        assert saver.persist_due() == 1 and (tmp_path / shard_path(10, 0)).exists()
+        snaps.save(layout(14), step=14, world_size=1, persist=False)  # 10 is persisted: it may go now
+        assert snaps.held_steps(1) == [13, 14]
+        # two requests in a row, none persisted yet: the second overwrites nothing requested...
+        snaps.save(layout(20), step=20, world_size=1, persist=True)
+        snaps.save(layout(21), step=21, world_size=1, persist=True)
+        # ...a third must reuse a requested slot and inherits its request
+        snaps.save(layout(22), step=22, world_size=1, persist=False)
+        assert snaps.held_steps(1) == [21, 22]
+        assert saver.persist_due() == 1
+        assert (tmp_path / shard_path(22, 0)).exists()
+        snaps.save(layout(23), step=23, world_size=1, persist=False)  # 21 was superseded: it may go
+        assert snaps.held_steps(1) == [22, 23]
+    finally:
+        snaps.close()
+        saver.stop()

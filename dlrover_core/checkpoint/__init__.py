@@ -1,5 +1,25 @@
-"""Checkpointing: the worker-side Checkpointer and its on-disk format."""
+"""Flash Checkpoint: snapshots in shared memory, persisted in the background, restored from
+memory after a worker restart.
+
+Worker side: :class:`Checkpointer` (re-exported by :mod:`dlrover_core.train`). Agent side:
+:class:`~dlrover_core.checkpoint.saver.CheckpointSaver`. Master side:
+:class:`~dlrover_core.master.checkpoints.CheckpointCoordinator`. On disk each rank's shard is
+a safetensors file (:mod:`~dlrover_core.checkpoint.layout`); :func:`read_shard` opens one
+without a job.
+"""
 
 from dlrover_core.checkpoint.checkpointer import Checkpointer, Restored
+from dlrover_core.checkpoint.layout import decode as _decode
 
-__all__ = ["Checkpointer", "Restored"]
+
+def read_shard(path: str) -> tuple[dict, dict]:
+    """``(state, metadata)`` of one persisted shard file (``step_*/rank_*.safetensors``).
+
+    Tensors are CPU copies; nothing is unpickled. Raises CheckpointError for anything but a
+    complete dlrover shard.
+    """
+    with open(path, "rb") as f:
+        return _decode(f.read())
+
+
+__all__ = ["Checkpointer", "Restored", "read_shard"]

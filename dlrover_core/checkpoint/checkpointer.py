@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import warnings
 import zlib
@@ -153,6 +154,12 @@ class Checkpointer:
             self._memory.close()
             self._memory = None
 
+    def memory_steps(self) -> list[int]:
+        """Steps of this rank's complete snapshots in shared memory (empty without memory)."""
+        rank, world_size = _rank_world()
+        snapshots = self._snapshots(rank)
+        return snapshots.held_steps(world_size) if snapshots is not None else []
+
     # ----- save ------------------------------------------------------------------------
 
     def persist_due(self, step: int) -> bool:
@@ -242,7 +249,7 @@ class Checkpointer:
                 return answer["source"], answer["step"]
             if time.monotonic() > deadline:
                 raise CheckpointError(f"ranks did not agree on a restore within {deadline:g} s (rank {rank} waited)")
-            time.sleep(0.02)
+            time.sleep(0.005)
 
     def load(self, state: dict[str, Any] | None = None) -> Restored | None:
         """Restore the newest checkpoint every rank can load, or return ``None`` (fresh start).
@@ -333,11 +340,18 @@ def _without_rng(tree: Any) -> Any:
     return {"__dict__": [[k, v] for k, v in tree["__dict__"] if k != "rng"]}
 
 
+def _dtensor_type() -> Any:
+    """DTensor if this process uses it (its module is imported), else ``None``: importing
+    ``torch.distributed.tensor`` costs most of a second, and a state without DTensors
+    never needs it."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
+
+
 def _shards_differ(views: dict[str, Any], state: dict[str, Any]) -> bool:
     """Whether a target DTensor's local shard has another shape than the saved one."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover
+    DTensor = _dtensor_type()
+    if DTensor is None:
         return False
     from dlrover_core.checkpoint.state_format import flatten
 
@@ -391,7 +405,8 @@ def _restore(tree: Any, tensors: dict[str, Any], targets: dict[str, Any] | None,
             raise CheckpointError(f"checkpoint has no entry {key!r} (it has: {', '.join(map(str, saved))})")
         value = saved[key]
         if isinstance(target, torch.nn.Module):
-            target.load_state_dict(_as_dtensors(value, target.state_dict()))
+            if not _copy_into_module(target, value):
+                target.load_state_dict(_as_dtensors(value, target.state_dict()))
             out[key] = target.state_dict()
             continue
         value = _clone(value) if copy else value
@@ -410,6 +425,37 @@ def _restore(tree: Any, tensors: dict[str, Any], targets: dict[str, Any] | None,
     return full
 
 
+def _copy_into_module(module: Any, value: dict[str, Any]) -> bool:
+    """Copy a saved state dict into a module's own CPU tensors, in parallel; return False
+    (nothing done) unless that is exactly what ``load_state_dict`` would do: same keys,
+    shapes and dtypes, plain contiguous CPU tensors, no load hooks."""
+    import torch
+
+    from dlrover_core.checkpoint.copy import copy_all
+
+    if module._load_state_dict_pre_hooks or module._load_state_dict_post_hooks or not isinstance(value, dict):
+        return False
+    if any(m._load_state_dict_pre_hooks or m._load_state_dict_post_hooks for m in module.modules()):
+        return False
+    own = module.state_dict(keep_vars=True)
+    if set(own) != set(value):
+        return False
+    pairs = []
+    for key, target in own.items():
+        src = value[key]
+        if not isinstance(src, torch.Tensor) or type(target.data) is not torch.Tensor or type(src) is not torch.Tensor:
+            return False
+        dst = target.data
+        if (dst.device.type != "cpu" or src.device.type != "cpu" or dst.shape != src.shape or dst.dtype != src.dtype
+                or not dst.is_contiguous() or not src.is_contiguous()):
+            return False
+        if dst.numel():
+            pairs.append((dst.view(-1).view(torch.uint8).numpy(), src.view(-1).view(torch.uint8).numpy()))
+    with torch.no_grad():
+        copy_all(pairs)
+    return True
+
+
 def _clone(value: Any) -> Any:
     import torch
 
@@ -425,9 +471,8 @@ def _clone(value: Any) -> Any:
 def _as_dtensors(value: Any, target: Any) -> Any:
     """Where ``target`` holds a DTensor and ``value`` a plain tensor (a saved local shard),
     wrap the value as a DTensor like the target (same mesh, placements, global shape)."""
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # pragma: no cover
+    DTensor = _dtensor_type()
+    if DTensor is None:
         return value
     import torch
 

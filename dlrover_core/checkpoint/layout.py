@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 from typing import Any
 
 import attrs
@@ -68,16 +69,32 @@ class Layout:
         return struct.pack("<Q", len(text)) + text
 
     def copy_into(self, buffer: Any, offset: int) -> None:
-        """Copy every tensor's bytes into ``buffer`` (a writable buffer) at ``offset``."""
+        """Copy every tensor's bytes into ``buffer`` (a writable buffer) at ``offset``.
+
+        CPU tensors are copied by :func:`~dlrover_core.checkpoint.copy.copy_all` (numpy,
+        chunks across a few threads); accelerator tensors by torch (device to host)."""
+        import numpy as np
         import torch
+
+        from dlrover_core.checkpoint.copy import copy_all
 
         if self.data_len == 0:
             return
-        region = torch.frombuffer(buffer, dtype=torch.uint8, count=self.data_len, offset=offset)
+        region = np.frombuffer(buffer, dtype=np.uint8, count=self.data_len, offset=offset)
+        region_t = None
+        pairs = []
         for key, src in self.sources:
             begin, end = self.entries[key]["data_offsets"]
-            if end > begin:
-                region[begin:end].copy_(src.reshape(-1).view(torch.uint8))
+            if end == begin:
+                continue
+            flat = src.reshape(-1).view(torch.uint8)
+            if flat.device.type == "cpu":
+                pairs.append((region[begin:end], flat.numpy()))
+            else:
+                if region_t is None:
+                    region_t = torch.from_numpy(region)
+                region_t[begin:end].copy_(flat)
+        copy_all(pairs)
 
     def write_to(self, f: Any) -> None:
         """Write the whole file (header, then each tensor's bytes) to a binary stream."""
@@ -95,11 +112,8 @@ def build_layout(state: Any, *, step: int, rank: int, world_size: int) -> Layout
     import torch
 
     names = _dtype_names()
-    try:
-        from torch.distributed.tensor import DTensor
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-    except ImportError:  # pragma: no cover - torch without DTensor
-        DTensor = ()  # type: ignore[assignment]
+    # a DTensor can only exist if its module was imported: do not pay for importing it
+    DTensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
 
     tree, leaves = flatten(state)
     planned = []
@@ -108,7 +122,9 @@ def build_layout(state: Any, *, step: int, rank: int, world_size: int) -> Layout
         if isinstance(leaf, np.ndarray):
             local = torch.from_numpy(np.ascontiguousarray(leaf))
             offsets = [0] * local.dim()
-        elif DTensor and isinstance(leaf, DTensor):
+        elif DTensor is not None and isinstance(leaf, DTensor):
+            from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
             local = leaf.to_local()
             _, offsets = compute_local_shape_and_global_offset(leaf.shape, leaf.device_mesh, leaf.placements)
             offsets = list(offsets)

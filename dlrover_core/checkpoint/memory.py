@@ -2,8 +2,9 @@
 snapshots, forget an abandoned lineage.
 
 A save writes into a slot that no one is reading (the persister holds a shared lock on the
-slot it persists): the older slot if free, else the newer one. So a save never waits for, nor
-overwrites, a snapshot being persisted, and the newest complete snapshot other than the one
+slot it persists) and that does not hold a snapshot still waiting for its persist — the
+older slot if it may go, else the newer one. So a save never waits for, nor overwrites, a
+snapshot being persisted or due to be, and the newest complete snapshot other than the one
 being written is always intact.
 """
 
@@ -87,9 +88,16 @@ class MemorySnapshots:
         data_off = _align(HEADER_SIZE + len(meta))
         needed = _align(data_off + layout.data_len, 2**20)
         self._check_capacity(needed)
-        valid = {id(s): h for s, h in self._valid()}
-        # prefer the slot without the newest complete snapshot; fall back to the other one
-        order = sorted(self.slots, key=lambda s: valid[id(s)].seq if id(s) in valid else -1)
+        # Preference: a free slot; else one whose snapshot may go (not awaiting its persist),
+        # oldest first. The persister holds a shared lock on the slot it writes out, so
+        # try_lock skips it: a save never waits for, nor overwrites, a snapshot being persisted.
+        def preference(slot: SnapshotSlot) -> tuple[int, int]:
+            h = slot.header()
+            if h is None or not h.valid or h.rank != self.rank:
+                return (0, 0)
+            return (2 if h.awaiting_persist else 1, h.seq)
+
+        order = sorted(self.slots, key=preference)
         for slot in order:
             if slot.try_lock(exclusive=True):
                 break
@@ -97,13 +105,18 @@ class MemorySnapshots:
             slot = order[0]
             slot.lock(exclusive=True)
         try:
+            replaced = slot.header()
+            # overwriting a snapshot still waiting for its persist (persists requested faster
+            # than the disk writes): the newer snapshot inherits the request, so the newest
+            # requested state is always persisted
+            inherit = replaced is not None and replaced.rank == self.rank and replaced.awaiting_persist
             slot.ensure_size(needed)
             slot.begin_write()
             assert slot.mm is not None
             slot.mm[HEADER_SIZE : HEADER_SIZE + len(meta)] = meta
             layout.copy_into(slot.mm, data_off)
             self._seq += 1
-            slot.publish(flags=FLAG_PERSIST if persist else 0, step=step, seq=self._seq, world_size=world_size,
+            slot.publish(flags=FLAG_PERSIST if persist or inherit else 0, step=step, seq=self._seq, world_size=world_size,
                          rank=self.rank, layout_len=len(meta), data_off=data_off, data_len=layout.data_len)
         finally:
             slot.unlock()

@@ -15,6 +15,8 @@ thread carries on and the previous commit stays loadable.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
 import zlib
@@ -97,6 +99,11 @@ class CheckpointSaver:
             self._slots.clear()
 
     def _loop(self) -> None:
+        # Background persists yield the CPU to training: nice 19 for this thread (and the
+        # checksum threads it starts, which inherit it). Breakpoint saves run at normal
+        # priority on the agent's main thread. (Linux: setpriority on a thread id.)
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         while not self._stop.wait(self._poll_s):
             try:
                 self.persist_due()
@@ -118,7 +125,7 @@ class CheckpointSaver:
         for index in range(_SLOTS):
             slot = self._slot(rank, index)
             h = slot.header() if slot is not None else None
-            if h is None or not h.valid or h.rank != rank or h.seq <= self._done_seq.get(rank, 0):
+            if h is None or not h.valid or h.rank != rank or h.persisted or h.seq <= self._done_seq.get(rank, 0):
                 continue
             if self.committed is not None and h.step <= self.committed:
                 continue
@@ -139,6 +146,10 @@ class CheckpointSaver:
                 candidates = self._candidates(rank, everything=False)
                 if candidates and self._persist(rank, *candidates[-1]):
                     written += 1
+                    for slot, _ in candidates[:-1]:  # older requests, superseded by a newer state
+                        if slot.try_lock(exclusive=False):
+                            slot.mark_persisted()
+                            slot.unlock()
             return written
 
     def persist_breakpoint(self) -> int:
@@ -178,6 +189,7 @@ class CheckpointSaver:
                                                 "error": f"{type(exc).__name__}: {exc}"})
                 return False
             self._done_seq[rank] = h.seq
+            slot.mark_persisted()
         finally:
             slot.unlock()
         persist_s = time.monotonic() - t0

@@ -8,7 +8,8 @@ One slot holds one snapshot of one rank::
 
 Publishing protocol (the writer holds ``LOCK_EX`` on the slot file): set ``state`` to
 WRITING, write layout and data, write the fields with the header checksum, and set
-``state`` to READY last. A reader takes ``LOCK_SH``, and trusts the slot only if ``state``
+``state`` to READY last. The flags (persist requested, persisted) sit outside the checksum:
+the persister sets PERSISTED while it holds a shared lock. A reader takes ``LOCK_SH``, and trusts the slot only if ``state``
 is READY and the checksum over fields and layout matches — so a writer killed mid-copy
 leaves a slot that is simply not READY, never a torn snapshot. flock locks die with their
 process, so a SIGKILLed holder never blocks anyone.
@@ -48,7 +49,9 @@ _MAGIC = b"DLRFCP1\0"
 # magic, state, flags, step, seq, world_size, rank, layout_off, layout_len, data_off, data_len, crc
 _FMT = "<8sIIqQIIQQQQI"
 EMPTY, WRITING, READY = 0, 1, 2
+#: flags (outside the checksum: the persister sets PERSISTED under its shared lock)
 FLAG_PERSIST = 1
+FLAG_PERSISTED = 2
 
 _NAME_RE = re.compile(r"dlrover-(?P<job>.+)-n(?P<node>\d+)-r(?P<rank>\d+)-s(?P<slot>\d+)")
 
@@ -99,9 +102,18 @@ class SlotHeader:
     def persist_requested(self) -> bool:
         return bool(self.flags & FLAG_PERSIST)
 
+    @property
+    def persisted(self) -> bool:
+        return bool(self.flags & FLAG_PERSISTED)
+
+    @property
+    def awaiting_persist(self) -> bool:
+        """Flagged for persistence and not persisted yet: must not be overwritten."""
+        return self.valid and self.persist_requested and not self.persisted
+
 
 def _checksum(fields: tuple, layout: bytes | memoryview) -> int:
-    return zlib.crc32(layout, zlib.crc32(struct.pack("<IqQIIQQQQ", *fields)))
+    return zlib.crc32(layout, zlib.crc32(struct.pack("<qQIIQQQQ", *fields)))
 
 
 class SnapshotSlot:
@@ -155,13 +167,13 @@ class SnapshotSlot:
         os.posix_fallocate(self.fd, 0, nbytes)  # reserves the pages now: ENOSPC here, not SIGBUS later
         self._remap()
         assert self.mm is not None
-        view = memoryview(self.mm)
+        import numpy as np
+
         # touch one byte per page of the new part, so the first snapshot does not page-fault
-        page = mmap.PAGESIZE
-        zero = b"\0"
-        for off in range(old - old % page, nbytes, page):
-            view[off : off + 1] = zero
-        view.release()
+        start = old - old % mmap.PAGESIZE
+        pages = np.frombuffer(self.mm, dtype=np.uint8, count=nbytes - start, offset=start)
+        pages[:: mmap.PAGESIZE] = 0
+        del pages
         return True
 
     # ----- locking -----------------------------------------------------------------------
@@ -200,7 +212,7 @@ class SnapshotSlot:
         step, seq, world, rank, layout_off, layout_len, data_off, data_len, crc = fields
         valid = False
         if state == READY and layout_off + layout_len <= self._mapped and data_off + data_len <= self._mapped:
-            covered = (flags, step, seq, world, rank, layout_off, layout_len, data_off, data_len)
+            covered = (step, seq, world, rank, layout_off, layout_len, data_off, data_len)
             valid = _checksum(covered, memoryview(self.mm)[layout_off : layout_off + layout_len]) == crc
         return SlotHeader(state=state, flags=flags, step=step, seq=seq, world_size=world, rank=rank,
                           layout_off=layout_off, layout_len=layout_len, data_off=data_off, data_len=data_len,
@@ -215,10 +227,16 @@ class SnapshotSlot:
                 data_off: int, data_len: int) -> None:
         """Write the fields and checksum, then mark READY (after layout and data are written)."""
         assert self.mm is not None
-        fields = (flags, step, seq, world_size, rank, HEADER_SIZE, layout_len, data_off, data_len)
+        fields = (step, seq, world_size, rank, HEADER_SIZE, layout_len, data_off, data_len)
         crc = _checksum(fields, memoryview(self.mm)[HEADER_SIZE : HEADER_SIZE + layout_len])
-        struct.pack_into(_FMT, self.mm, 0, _MAGIC, WRITING, *fields, crc)
+        struct.pack_into(_FMT, self.mm, 0, _MAGIC, WRITING, flags, *fields, crc)
         struct.pack_into("<I", self.mm, 8, READY)
+
+    def mark_persisted(self) -> None:
+        """Set PERSISTED (the persister, holding a shared lock, after a durable write)."""
+        assert self.mm is not None
+        (flags,) = struct.unpack_from("<I", self.mm, 12)
+        struct.pack_into("<I", self.mm, 12, flags | FLAG_PERSISTED)
 
     def invalidate(self) -> None:
         """Mark the slot EMPTY (a snapshot of an abandoned lineage)."""

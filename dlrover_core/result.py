@@ -29,6 +29,8 @@ class FailureRecord:
         action: what was done, in words (``"restarted all workers (round 2)"``).
         restored_step: the step training resumed from after this failure (``None``: fresh).
         restored_from: ``"storage"``, ``"memory"`` or ``None``.
+        kind: ``"signal"``, ``"exit"``, ``"exception"``, ``"hang"`` or ``"node_lost"``.
+        detail: the failure in words (``"SIGKILL"``, ``"ValueError: ... at step 17"``).
     """
 
     time_s: float
@@ -43,6 +45,8 @@ class FailureRecord:
     action: str
     restored_step: int | None = None
     restored_from: str | None = None
+    kind: str = "exit"
+    detail: str = ""
 
 
 @attrs.frozen(kw_only=True)
@@ -61,6 +65,11 @@ class JobResult:
         checkpoint_stall_s: seconds training waited on checkpoint saves (rank 0).
         restore_s: seconds spent restoring checkpoints (rank 0).
         recomputed_s: seconds of step time lost to failures and computed again.
+        detection_s: seconds from the last progress before a failure to its report.
+        restart_s: seconds from failure reports to the next rendezvous (stopping workers,
+            saving at the breakpoint).
+        rendezvous_s: seconds spent forming rounds (the first one included).
+        startup_s: seconds from rounds' completion to their first step, restore excluded.
         failures: one record per failure, in order.
         metrics: newest value of every metric rank 0 reported.
         log_dir: the run's directory.
@@ -77,6 +86,10 @@ class JobResult:
     checkpoint_stall_s: float
     restore_s: float
     recomputed_s: float
+    detection_s: float
+    restart_s: float
+    rendezvous_s: float
+    startup_s: float
     failures: tuple[FailureRecord, ...]
     metrics: dict[str, float]
     log_dir: str
@@ -93,12 +106,14 @@ class JobResult:
         lines = [
             f"job {self.job_id}: {self.state.value}" + (f" — {self.reason}" if self.reason else ""),
             f"  final step {self.final_step}, restarts {self.restarts}, wall time {self.wall_time_s:.1f} s",
-            f"  goodput {self.goodput:.1%} (productive {self.productive_s:.1f} s, checkpoint stall "
-            f"{self.checkpoint_stall_s:.2f} s, restore {self.restore_s:.2f} s, recomputed {self.recomputed_s:.1f} s)",
+            f"  goodput {self.goodput:.1%}: productive {self.productive_s:.1f} s, checkpoint stall "
+            f"{self.checkpoint_stall_s:.2f} s, restore {self.restore_s:.2f} s, recomputed {self.recomputed_s:.1f} s, "
+            f"detection {self.detection_s:.1f} s, restart {self.restart_s:.1f} s, rendezvous {self.rendezvous_s:.1f} s, "
+            f"startup {self.startup_s:.1f} s",
         ]
         for f in self.failures:
             who = f"rank {f.rank}" if f.rank is not None else f"node {f.node_id}"
-            how = f.signal or f"exit code {f.exit_code}"
+            how = f.detail or f.signal or f"exit code {f.exit_code}"
             restored = ""
             if f.restored_from:
                 restored = f"; resumed from step {f.restored_step} ({f.restored_from})"

@@ -146,7 +146,9 @@ class Failure:
             derived from the observed step time).
         node_check: run the accelerator's node check before training and after failures.
         heartbeat_interval_s: how often agents report to the master.
-        heartbeat_timeout_s: an agent silent this long is declared dead.
+        heartbeat_timeout_s: an agent silent this long is declared lost (and relaunched).
+        max_node_failures: a node whose workers failed first (or that was lost) this many
+            times is excluded from the job and replaced.
         stop_grace_s: after SIGTERM, how long workers get before SIGKILL.
         collective_timeout_s: timeout of the worker process group's collectives.
     """
@@ -156,6 +158,7 @@ class Failure:
     node_check: bool = False
     heartbeat_interval_s: float = 0.5
     heartbeat_timeout_s: float = 30.0
+    max_node_failures: int = 3
     stop_grace_s: float = 10.0
     collective_timeout_s: float = 300.0
 
@@ -171,6 +174,7 @@ class Failure:
                 "failure.heartbeat_timeout_s", self.heartbeat_timeout_s,
                 f"more than failure.heartbeat_interval_s ({self.heartbeat_interval_s})",
             )
+        _int_at_least("failure.max_node_failures", self.max_node_failures, 1)
         _positive_number("failure.stop_grace_s", self.stop_grace_s)
         _positive_number("failure.collective_timeout_s", self.collective_timeout_s)
 

@@ -19,9 +19,12 @@ The agent removes the node's segments when it exits, and stale ones of its job w
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -43,6 +46,8 @@ __all__ = ["ElasticAgent"]
 log = get_logger()
 
 _POLL_S = 0.05
+#: Least time a worker gets before its first report before it counts as hung (seconds).
+_STARTUP_S = 300.0
 
 
 class ElasticAgent:
@@ -177,11 +182,11 @@ class ElasticAgent:
                 self.job, job_id=self.job_id, node_id=self.node_id, world=world, local_rank=local_rank,
                 master_addr=self.client.addr, accelerator=self.accelerator, progress_file=str(progress),
                 log_dir=str(self.log_dir), agent_pid=os.getpid(),
-            )}
+            ), "DLROVER_STACK_FILE": str(self._stack_file(int(world["round"]), rank))}
             worker = WorkerProcess(rank=rank, local_rank=local_rank, argv=argv, env=env, cwd=self.job.workdir,
                                    log_file=self.node_dir / f"rank_{rank}.log", echo=self.echo)
             self.workers.append(worker)
-            self._tails[rank] = ProgressTail(progress)
+            self._tails[rank] = ProgressTail(progress, started=time.monotonic())
         if self.saver is not None:
             ranks = [w.rank for w in self.workers]
             self.saver.set_ranks(ranks)
@@ -189,6 +194,70 @@ class ElasticAgent:
                 remove_segments(name)  # this node no longer hosts that rank: its memory is useless
         log.info("workers_started", node_id=self.node_id, round=world["round"],
                  ranks=[w.rank for w in self.workers], pids=[w.pid for w in self.workers])
+
+    def _stack_file(self, round_index: int, rank: int) -> Path:
+        return self.node_dir / f"stacks_round{round_index}_rank{rank}.txt"
+
+    # ----- hangs ---------------------------------------------------------------------------
+
+    def _hang_timeout_s(self) -> float | None:
+        """``Failure.hang_timeout_s``, or derived once steps were seen: 20x the median step
+        time of this node's ranks, at least 60 s. ``None``: not known yet (no detection).
+        (The 20x / 60 s rule is ours: slow steps in a healthy job vary by a few x at most,
+        and a minute is short next to the 30 minutes of gloo's default timeout.)"""
+        if self.job.failure.hang_timeout_s is not None:
+            return self.job.failure.hang_timeout_s
+        times = sorted(t for tail in self._tails.values() for t in tail.step_times)
+        if len(times) < 3:
+            return None
+        return max(60.0, 20 * times[len(times) // 2])
+
+    def _hung(self) -> list[WorkerProcess]:
+        """Live workers without progress for the hang timeout. Before a worker's first
+        report (imports, data loading, restore) the timeout is at least ``_STARTUP_S``."""
+        timeout = self._hang_timeout_s()
+        if timeout is None:
+            return []
+        now = time.monotonic()
+        hung = []
+        for w in self.workers:
+            tail = self._tails[w.rank]
+            limit = timeout if tail.last_step >= 0 else max(timeout, _STARTUP_S)
+            if w.poll() is None and now - tail.last_progress > limit:
+                hung.append(w)
+        return hung
+
+    def _dump_stacks(self, round_index: int, workers: list[WorkerProcess]) -> list[str]:
+        """Write each worker's Python stacks next to its log: py-spy when installed (it reads
+        a stopped or stuck process from outside), else the worker's faulthandler (SIGUSR1)."""
+        beside = Path(sys.executable).with_name("py-spy")  # installed in this venv, maybe not on PATH
+        py_spy = shutil.which("py-spy") or (str(beside) if beside.exists() else None)
+        written = []
+        for w in workers:
+            path = self._stack_file(round_index, w.rank)
+            if py_spy:
+                try:
+                    out = subprocess.run([py_spy, "dump", "--pid", str(w.pid), "--nonblocking"], capture_output=True,
+                                         text=True, timeout=20)
+                    path.write_text(out.stdout + out.stderr)
+                except (subprocess.TimeoutExpired, OSError) as exc:
+                    path.write_text(f"py-spy failed: {exc}\n")
+            else:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(w.pid, signal.SIGUSR1)
+                time.sleep(1.0)
+            written.append(str(path))
+        return written
+
+    def _on_hang(self, round_index: int, hung: list[WorkerProcess]) -> str:
+        timeout = self._hang_timeout_s()
+        stacks = self._dump_stacks(round_index, self.workers)
+        log.warning("workers_hung", node_id=self.node_id, ranks=[w.rank for w in hung], timeout_s=timeout,
+                    steps={w.rank: self._tails[w.rank].last_step for w in hung}, stacks=stacks)
+        failures = [{"rank": w.rank, "local_rank": w.local_rank, "exit_code": None, "kind": "hang",
+                     "detail": f"no progress for {timeout:g} s at step {self._tails[w.rank].last_step}; stacks: "
+                               f"{self._stack_file(round_index, w.rank)}"} for w in hung]
+        return self._report_failures(round_index, failures)
 
     def _stop_workers(self) -> None:
         if self.workers:
@@ -215,7 +284,7 @@ class ElasticAgent:
         answer = self.client.call("heartbeat", {
             "node_id": self.node_id, "round": round_index,
             "workers": {str(w.rank): w.pid for w in self.workers if w.poll() is None},
-            "steps": {str(k): v for k, v in steps.items()}, "records": records,
+            "steps": {str(k): v for k, v in steps.items()}, "records": records, "pid": os.getpid(),
         })
         return answer["action"]
 
@@ -231,6 +300,9 @@ class ElasticAgent:
             failed = [(w, c) for w, c in codes if c not in (None, 0)]
             if failed:
                 return self._on_failure(round_index, failed)
+            hung = self._hung()
+            if hung:
+                return self._on_hang(round_index, hung)
             if not reported_success and all(c == 0 for _, c in codes):
                 for w in self.workers:
                     w.join_output()
@@ -249,6 +321,7 @@ class ElasticAgent:
                 if action != "none":
                     log.info("master_ordered", node_id=self.node_id, action=action, round=round_index)
                     self._stop_workers()
+                    self._report_late_exceptions(round_index)
                     if action == "restart":
                         self._save_at_breakpoint()
                     return action
@@ -258,12 +331,33 @@ class ElasticAgent:
     def _on_failure(self, round_index: int, failed: list[tuple[WorkerProcess, int]]) -> str:
         for w, code in failed:
             log.warning("worker_exited", node_id=self.node_id, rank=w.rank, local_rank=w.local_rank, exit_code=code)
+        for w, _ in failed:
+            w.join_output()
+            self._tails[w.rank].read()  # an uncaught exception's record, if the worker wrote one
+        failures = []
+        for w, code in failed:
+            exc = self._tails[w.rank].exception
+            failures.append({"rank": w.rank, "local_rank": w.local_rank, "exit_code": code,
+                             "kind": "exception" if exc else ("signal" if code < 0 else "exit"),
+                             "exception": exc})
+        return self._report_failures(round_index, failures)
+
+    def _report_late_exceptions(self, round_index: int) -> None:
+        """Workers that died of an exception while the master's restart order was on its way
+        still tell the master what killed them (it looks for the same error on every rank)."""
+        failures = []
+        for rank, tail in self._tails.items():
+            tail.read()
+            if tail.exception is not None:
+                failures.append({"rank": rank, "local_rank": rank - min(self._tails), "exit_code": None,
+                                 "kind": "exception", "exception": tail.exception})
+        if failures:
+            self.client.call("failure", {"node_id": self.node_id, "round": round_index, "failures": failures})
+
+    def _report_failures(self, round_index: int, failures: list[dict[str, Any]]) -> str:
         self._stop_workers()
         self._heartbeat(round_index)  # forward the last progress before the failure
-        answer = self.client.call("failure", {
-            "node_id": self.node_id, "round": round_index,
-            "failures": [{"rank": w.rank, "local_rank": w.local_rank, "exit_code": code} for w, code in failed],
-        })
+        answer = self.client.call("failure", {"node_id": self.node_id, "round": round_index, "failures": failures})
         # the master has told everyone to restart; persist what memory holds before rejoining
         self._save_at_breakpoint()
         return "stop" if answer["action"] == "stop" else "restart"

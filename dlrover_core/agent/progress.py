@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -10,13 +11,19 @@ __all__ = ["ProgressTail"]
 
 
 class ProgressTail:
-    """Yields complete new records of one progress file on each :meth:`read`."""
+    """Yields complete new records of one progress file on each :meth:`read`, and keeps
+    what hang detection and failure reports need: the newest step, when progress was last
+    seen (monotonic seconds), recent step times, and an uncaught exception if one was
+    recorded."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, started: float) -> None:
         self.path = path
         self._offset = 0
         self._partial = b""
         self.last_step = -1
+        self.last_progress = started
+        self.step_times: list[float] = []
+        self.exception: dict[str, Any] | None = None
 
     def read(self) -> list[dict[str, Any]]:
         try:
@@ -37,7 +44,13 @@ class ProgressTail:
                 record = json.loads(line)
             except ValueError:
                 continue
-            if record.get("type") == "step":
+            kind = record.get("type")
+            if kind == "step":
                 self.last_step = int(record["step"])
+                self.step_times = [*self.step_times[-19:], float(record.get("dt", 0.0))]
+            elif kind == "exception":
+                self.exception = record
             records.append(record)
+        if records:
+            self.last_progress = time.monotonic()
         return records

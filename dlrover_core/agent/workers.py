@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -115,6 +116,9 @@ def kill_trees(workers: Sequence[WorkerProcess], *, grace_s: float) -> None:
             except (ProcessLookupError, PermissionError):
                 pass
         if sig == signal.SIGTERM:
+            for p in live:  # a stopped (SIGSTOP) process handles SIGTERM only once continued
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.send_signal(signal.SIGCONT)
             _, alive = psutil.wait_procs(live, timeout=grace_s)
             procs = alive
             if not procs:

@@ -29,6 +29,18 @@ def _store_factory():
     return make
 
 
+def _relauncher(job, job_id: str, log_dir: Path):
+    """``relaunch(node_id)`` through the job's scheduler backend, if it can relaunch nodes."""
+    from dlrover_core.plugins import get_host
+    from dlrover_core.schedulers.base import JobHandle
+
+    backend = get_host().registries.scheduler.get(job.scheduler)()
+    if not backend.capabilities.relaunch_node:
+        return None
+    handle = JobHandle(scheduler=job.scheduler, job_id=job_id, log_dir=str(log_dir))
+    return lambda node_id: backend.relaunch_node(handle, node_id)
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     with open(tmp, "w") as f:
@@ -60,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     host = get_host()
     storage = host.registries.storage.get(job.checkpoint.storage)(job.checkpoint.dir)
     master = JobMaster(job, args.job_id, store_host=args.store_host, store_factory=_store_factory(),
-                       storage=storage, log_dir=log_dir, emit=host.emit)
+                       storage=storage, relaunch=_relauncher(job, args.job_id, log_dir), log_dir=log_dir,
+                       emit=host.emit)
     server = MasterServer(master, args.host, args.port)
     server.start()
     log.info("master_started", job_id=args.job_id, addr=f"{args.host}:{server.port}", pid=os.getpid())

@@ -1,9 +1,18 @@
-"""Goodput accounting from rank 0's progress records.
+"""Goodput accounting: where the wall time of a job went.
 
 Goodput = productive step time / wall time, where productive time counts each step that the
-final model builds on exactly once. Time spent on steps that are later recomputed (lost
-when a restart resumes from an older checkpoint) is ``recomputed_s``; checkpoint stalls and
-restores are timed separately (they are excluded from step time by ``report()``).
+final model builds on exactly once (from rank 0's ``report()`` records). The rest is broken
+down by phase, on the master's clock:
+
+* ``checkpoint_stall_s``: training waited on checkpoint saves (worker-measured);
+* ``restore_s``: workers restoring a checkpoint (worker-measured);
+* ``recomputed_s``: step time lost to failures and computed again;
+* ``detection_s``: from the last progress before a failure to its report (a hang's timeout);
+* ``restart_s``: from a failure's report to the first node joining the next round (stopping
+  workers, saving at the breakpoint);
+* ``rendezvous_s``: from a round's first join to its completion (the first round too);
+* ``startup_s``: from a round's completion to its first step (process start, imports,
+  process group; restore time excluded).
 """
 
 from __future__ import annotations
@@ -12,9 +21,11 @@ from typing import Any
 
 __all__ = ["GoodputTracker"]
 
+PHASES = ("detection_s", "restart_s", "rendezvous_s", "startup_s")
+
 
 class GoodputTracker:
-    """Folds progress records (``{"type": "step"|"checkpoint"|"restore", ...}``) into totals."""
+    """Folds progress records and lifecycle marks into totals."""
 
     def __init__(self) -> None:
         self._pending: dict[int, float] = {}  # step -> seconds, for steps after the last commit
@@ -24,18 +35,25 @@ class GoodputTracker:
         self.restore_s = 0.0
         self.last_step = -1
         self.last_committed_step: int | None = None
+        self.phases = dict.fromkeys(PHASES, 0.0)
+        self.last_progress_t: float | None = None
+        self._restart_begin: float | None = None
+        self._rendezvous_begin: float | None = None
+        self._round_complete: float | None = None
+        self._restore_in_round = 0.0
 
     @property
     def productive_s(self) -> float:
         return self._committed_s + sum(self._pending.values())
 
+    # ----- records from rank 0 -------------------------------------------------------------
+
     def _discard_after(self, step: int) -> None:
         """Steps after ``step`` were lost: their time becomes recomputed time."""
-        lost = [s for s in self._pending if s > step]
-        for s in lost:
+        for s in [s for s in self._pending if s > step]:
             self.recomputed_s += self._pending.pop(s)
 
-    def add(self, record: dict[str, Any]) -> None:
+    def add(self, record: dict[str, Any], now: float | None = None) -> None:
         kind = record.get("type")
         if kind == "step":
             step, dt = int(record["step"]), float(record["dt"])
@@ -43,6 +61,11 @@ class GoodputTracker:
                 self._discard_after(step - 1)
             self._pending[step] = dt
             self.last_step = step
+            if now is not None:
+                self.last_progress_t = now
+                if self._round_complete is not None:  # the first step of a round
+                    self.phases["startup_s"] += max(0.0, now - self._round_complete - dt - self._restore_in_round)
+                    self._round_complete = None
         elif kind == "checkpoint":
             self.checkpoint_stall_s += float(record.get("stall_s", 0.0))
             if record.get("committed"):
@@ -51,7 +74,51 @@ class GoodputTracker:
                     self._committed_s += self._pending.pop(s)
                 self.last_committed_step = step
         elif kind == "restore":
-            self.restore_s += float(record.get("load_s", 0.0))
+            load_s = float(record.get("load_s", 0.0))
+            self.restore_s += load_s
+            self._restore_in_round += load_s
             step = int(record["step"])
             self._discard_after(step)
             self.last_step = step
+
+    # ----- lifecycle marks (master clock) --------------------------------------------------
+
+    def failed(self, now: float) -> None:
+        """A failure was reported at ``now`` (the first one of its round)."""
+        if self.last_progress_t is not None:
+            self.phases["detection_s"] += max(0.0, now - self.last_progress_t)
+        self._restart_begin = now
+        self._round_complete = None
+
+    def joined(self, now: float) -> None:
+        """A node joined the round being formed."""
+        if self._rendezvous_begin is None:
+            self._rendezvous_begin = now
+            if self._restart_begin is not None:
+                self.phases["restart_s"] += max(0.0, now - self._restart_begin)
+                self._restart_begin = None
+
+    def round_completed(self, now: float, started: float) -> None:
+        begin = self._rendezvous_begin if self._rendezvous_begin is not None else started
+        self.phases["rendezvous_s"] += max(0.0, now - begin)
+        self._rendezvous_begin = None
+        self._round_complete = now
+        self._restore_in_round = 0.0
+
+    # ----- persistence (master restarts) ------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pending": {str(k): v for k, v in self._pending.items()}, "committed_s": self._committed_s,
+                "recomputed_s": self.recomputed_s, "checkpoint_stall_s": self.checkpoint_stall_s,
+                "restore_s": self.restore_s, "last_step": self.last_step,
+                "last_committed_step": self.last_committed_step, "phases": dict(self.phases)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GoodputTracker:
+        g = cls()
+        g._pending = {int(k): float(v) for k, v in data["pending"].items()}
+        g._committed_s = data["committed_s"]
+        g.recomputed_s, g.checkpoint_stall_s, g.restore_s = data["recomputed_s"], data["checkpoint_stall_s"], data["restore_s"]
+        g.last_step, g.last_committed_step = data["last_step"], data["last_committed_step"]
+        g.phases.update(data["phases"])
+        return g

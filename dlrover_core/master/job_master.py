@@ -1,22 +1,37 @@
 """The JobMaster: node table, rendezvous rounds, restart budget, goodput and the job's fate.
 
 All methods are thread-safe (one lock); the HTTP server calls them from its threads and a
-ticker thread calls :meth:`JobMaster.tick` to complete rounds and notice silent nodes.
+ticker thread calls :meth:`JobMaster.tick` to complete rounds, notice silent nodes and
+decide scale-ups.
 
 Agents learn what to do from the ``action`` in every answer:
 
 * ``"none"``: carry on;
 * ``"restart"``: stop your workers and join the next rendezvous round;
-* ``"stop"``: the job is over; stop your workers and exit.
+* ``"stop"``: the job is over for you (it ended, or your node was excluded); stop and exit.
+
+Decisions (DESIGN §5):
+
+* the first failure of a round restarts every worker into the next round while the job-wide
+  budget (``Failure.max_restarts``) lasts; later failures of the same round are its
+  consequences and cost nothing;
+* the same exception on every rank at the same step in two failing rounds in a row stops the
+  job with the traceback (:class:`~dlrover_core.master.failures.DeterministicErrorDetector`);
+* a node silent for ``Failure.heartbeat_timeout_s`` is lost: its workers' failure is
+  counted, and the scheduler backend relaunches it; a node that failed
+  ``Failure.max_node_failures`` times is excluded and replaced by a new node;
+* a round forms only when one is required; with ``Nodes(min < max)`` survivors go on without
+  a lost node, and when nodes wait to join a running round that has fewer than ``max``, the
+  job restarts into a bigger round (a membership change, not counted as a failure).
 """
 
 from __future__ import annotations
 
 import json
-import signal
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +40,7 @@ import attrs
 from dlrover_core.events import JobEvent
 from dlrover_core.logging import get_logger
 from dlrover_core.master.checkpoints import CheckpointCoordinator
+from dlrover_core.master.failures import DeterministicErrorDetector, describe, signal_name
 from dlrover_core.master.goodput import GoodputTracker
 from dlrover_core.master.rendezvous import RendezvousManager, Round
 from dlrover_core.result import FailureRecord, JobResult
@@ -39,16 +55,7 @@ log = get_logger()
 #: Returns ``(port, store)`` of a fresh TCPStore server for a new round.
 StoreFactory = Callable[[], tuple[int, Any]]
 
-
-def signal_name(exit_code: int | None) -> str | None:
-    """``-9`` → ``"SIGKILL"``; codes ``128 + n`` from a shell count too; otherwise ``None``."""
-    if exit_code is None:
-        return None
-    n = -exit_code if exit_code < 0 else (exit_code - 128 if 128 < exit_code < 160 else 0)
-    try:
-        return signal.Signals(n).name if n else None
-    except ValueError:
-        return None
+_GONE = ("dead", "exited", "excluded")
 
 
 @attrs.define(kw_only=True)
@@ -58,18 +65,20 @@ class NodeRecord:
     node_id: int
     host: str = ""
     pid: int = 0
-    state: str = "registered"  # registered | waiting | running | succeeded | exited | dead
+    state: str = "registered"  # registered | waiting | running | succeeded | exited | dead | excluded
     last_heartbeat: float = 0.0
     round: int = -1
     workers: dict[int, int] = attrs.field(factory=dict)  # rank -> pid
     steps: dict[int, int] = attrs.field(factory=dict)  # rank -> newest step
-    failures: int = 0
+    failures: int = 0  # failures attributed to this node (its workers failed first, or it was lost)
+    relaunches: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "node_id": self.node_id, "host": self.host, "pid": self.pid, "state": self.state,
             "round": self.round, "workers": {str(k): v for k, v in self.workers.items()},
             "steps": {str(k): v for k, v in self.steps.items()}, "failures": self.failures,
+            "relaunches": self.relaunches,
         }
 
 
@@ -83,6 +92,8 @@ class JobMaster:
         store_factory: makes a fresh TCPStore server per round.
         storage: the job's checkpoint storage (commits and restore decisions); ``None``
             when the master does not coordinate checkpoints.
+        relaunch: starts a (replacement) agent for a node id, through the scheduler backend;
+            ``None`` when the backend cannot.
         log_dir: where ``events.jsonl`` goes (``None``: nowhere).
         emit: called with every :class:`JobEvent` (plugin observers).
         clock: monotonic seconds (injectable for tests).
@@ -96,6 +107,7 @@ class JobMaster:
         store_host: str,
         store_factory: StoreFactory,
         storage: CheckpointStorage | None = None,
+        relaunch: Callable[[int], None] | None = None,
         log_dir: Path | None = None,
         emit: Callable[[JobEvent], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -105,6 +117,8 @@ class JobMaster:
         self.store_host = store_host
         self._store_factory = store_factory
         self._stores: dict[int, tuple[int, Any]] = {}
+        self._relaunch = relaunch
+        self._relauncher = ThreadPoolExecutor(1, thread_name_prefix="dlrover-relaunch") if relaunch else None
         self._emit_hook = emit
         self._clock = clock
         self._lock = threading.RLock()
@@ -123,6 +137,7 @@ class JobMaster:
         self.failures: list[dict[str, Any]] = []
         self.metrics: dict[str, float] = {}
         self.goodput = GoodputTracker()
+        self._errors = DeterministicErrorDetector()
         self.started = clock()
         self.ended: float | None = None
         self.checkpoints = (
@@ -137,14 +152,14 @@ class JobMaster:
     def _now(self) -> float:
         return self._clock() - self.started
 
-    def _event(self, kind: str, **data: Any) -> None:
+    def _event(self, kind: str, /, **data: Any) -> None:
         event = JobEvent(kind=kind, job_id=self.job_id, time_s=self._now(), data=data)
         if self._events_file is not None:
             self._events_file.write(json.dumps(event.to_dict()) + "\n")
         if self._emit_hook is not None:
             self._emit_hook(event)
 
-    def _checkpoint_event(self, kind: str, **data: Any) -> None:
+    def _checkpoint_event(self, kind: str, /, **data: Any) -> None:
         if kind == "checkpoint_committed":
             self.goodput.add({"type": "checkpoint", "step": data["step"], "stall_s": 0.0, "committed": True})
         self._event(kind, **data)
@@ -155,8 +170,8 @@ class JobMaster:
             node = self.nodes[node_id] = NodeRecord(node_id=node_id, last_heartbeat=self._clock())
         return node
 
-    def _action(self, round_index: int) -> str:
-        if self.state.is_terminal:
+    def _action(self, round_index: int, node: NodeRecord | None = None) -> str:
+        if self.state.is_terminal or (node is not None and node.state == "excluded"):
             return "stop"
         if round_index < self.required_round:
             return "restart"
@@ -172,26 +187,29 @@ class JobMaster:
         self._event("job_finished", state=state.value, reason=reason, restarts=self.restarts)
 
     def _live_nodes(self) -> list[NodeRecord]:
-        return [n for n in self.nodes.values() if n.state not in ("dead", "exited")]
+        return [n for n in self.nodes.values() if n.state not in _GONE]
 
     # ----- agent calls -----------------------------------------------------------------
 
     def register(self, node_id: int, host: str, pid: int) -> dict[str, Any]:
         with self._lock:
             node = self._node(node_id)
-            node.host, node.pid, node.state = host, pid, "registered"
+            if node.state != "excluded":
+                node.state = "registered"
+            node.host, node.pid = host, pid
             node.last_heartbeat = self._clock()
             log.info("node_registered", node_id=node_id, host=host, pid=pid)
-            return {"action": "stop" if self.state.is_terminal else "none", "job_id": self.job_id}
+            return {"action": self._action(self.required_round, node), "job_id": self.job_id}
 
     def join(self, node_id: int, nproc: int) -> dict[str, Any]:
         with self._lock:
             node = self._node(node_id)
             node.last_heartbeat = self._clock()
-            if self.state.is_terminal:
+            if self._action(self.required_round, node) == "stop":
                 return {"action": "stop"}
             node.state = "waiting"
             index = self.rdzv.join(node_id, nproc)
+            self.goodput.joined(self._clock())
             log.info("rendezvous_joined", node_id=node_id, round=index, waiting=len(self.rdzv.waiting))
             self._try_complete()
             return {"action": "none", "round": index}
@@ -201,7 +219,7 @@ class JobMaster:
         with self._lock:
             node = self._node(node_id)
             node.last_heartbeat = self._clock()
-            if self.state.is_terminal:
+            if self._action(self.required_round, node) == "stop":
                 return {"state": "stop", "action": "stop"}
             self._try_complete()
             rnd = self.rdzv.latest
@@ -225,9 +243,12 @@ class JobMaster:
         workers: dict[int, int] | None = None,
         steps: dict[int, int] | None = None,
         records: list[dict[str, Any]] | None = None,
+        pid: int | None = None,
     ) -> dict[str, Any]:
         with self._lock:
             node = self._node(node_id)
+            if pid is not None and node.pid and pid != node.pid:
+                return {"action": "stop"}  # a stale agent of a node that was relaunched
             node.last_heartbeat = self._clock()
             if node.state == "dead":  # came back: it must rejoin through rendezvous
                 node.state = "registered"
@@ -237,10 +258,10 @@ class JobMaster:
                 node.steps.update(steps)
             for record in records or ():
                 self._record(record)
-            return {"action": self._action(round_index)}
+            return {"action": self._action(round_index, node)}
 
     def _record(self, record: dict[str, Any]) -> None:
-        self.goodput.add(record)
+        self.goodput.add(record, now=self._clock())
         kind = record.get("type")
         if kind == "step":
             for k, v in (record.get("metrics") or {}).items():
@@ -280,27 +301,38 @@ class JobMaster:
                 round_index=int(body["round"]), rank=int(body["rank"]), world_size=int(body["world_size"]),
                 memory_steps=[int(s) for s in body.get("memory_steps") or []])
 
+    # ----- failures ----------------------------------------------------------------------
+
     def failure(self, node_id: int, round_index: int, failures: list[dict[str, Any]]) -> dict[str, Any]:
-        """Workers of ``node_id`` failed in round ``round_index``; decide restart or stop."""
+        """Workers of ``node_id`` failed (or the node was lost) in round ``round_index``;
+        decide restart or stop."""
         with self._lock:
             node = self._node(node_id)
-            node.last_heartbeat = self._clock()
-            node.failures += len(failures)
-            current = self.rdzv.latest.index if self.rdzv.latest else -1
-            consequence = self.state.is_terminal or round_index < self.required_round or round_index != current
+            if node.state not in _GONE:
+                node.last_heartbeat = self._clock()
+            current = self.rdzv.latest
+            consequence = (self.state.is_terminal or current is None or round_index < self.required_round
+                           or round_index != current.index)
             if consequence:
                 action = f"none: round {round_index} was already being restarted"
-            elif self.restarts < self.job.failure.max_restarts:
-                self.restarts += 1
-                self.required_round = round_index + 1
-                action = f"restarted all workers (round {self.required_round}, restart {self.restarts}/{self.job.failure.max_restarts})"
             else:
-                last = failures[-1]
-                how = signal_name(last.get("exit_code")) or f"exit code {last.get('exit_code')}"
-                reason = (f"restart budget exhausted (failure.max_restarts={self.job.failure.max_restarts}); "
-                          f"last failure: rank {last.get('rank')} on node {node_id}, {how} (exit code {last.get('exit_code')})")
-                action = "stopped the job: restart budget exhausted"
-                self._finish(JobState.FAILED, reason)
+                node.failures += 1
+                self.goodput.failed(self._clock())
+                if self.restarts < self.job.failure.max_restarts:
+                    self.restarts += 1
+                    self.required_round = round_index + 1
+                    self.rdzv.open_round()
+                    action = (f"restarted all workers (round {self.required_round}, "
+                              f"restart {self.restarts}/{self.job.failure.max_restarts})")
+                else:
+                    last = failures[-1]
+                    reason = (f"restart budget exhausted (failure.max_restarts={self.job.failure.max_restarts}); "
+                              f"last failure: rank {last.get('rank')} on node {node_id}, {describe(last)}"
+                              + (f" (exit code {last.get('exit_code')})" if last.get("exit_code") is not None else ""))
+                    action = "stopped the job: restart budget exhausted"
+                    self._finish(JobState.FAILED, reason)
+            world = current.world_size if current is not None else 0
+            deterministic = None
             for f in failures:
                 rec = {
                     "time_s": self._now(), "round": round_index, "node_id": node_id,
@@ -308,14 +340,61 @@ class JobMaster:
                     "signal": signal_name(f.get("exit_code")), "step": self.goodput.last_step,
                     "last_committed_step": self.goodput.last_committed_step, "action": action,
                     "restored_step": None, "restored_from": None, "counted": not consequence,
+                    "kind": f.get("kind") or ("signal" if signal_name(f.get("exit_code")) else "exit"),
+                    "detail": describe(f),
                 }
                 self.failures.append(rec)
-                log.warning("worker_failed", node_id=node_id, rank=rec["rank"], exit_code=rec["exit_code"],
-                            signal=rec["signal"], step=rec["step"], action=action)
-                self._event("worker_failed", **{k: v for k, v in rec.items() if k != "counted"})
+                log.warning("worker_failed", node_id=node_id, rank=rec["rank"], kind=rec["kind"], detail=rec["detail"],
+                            step=rec["step"], action=action)
+                self._event("worker_failed", **{("failure_kind" if k == "kind" else k): v
+                                                for k, v in rec.items() if k != "counted"})
+                if self._errors.record(round_index, world, f.get("rank"), f.get("exception")):
+                    deterministic = f["exception"]
             if not consequence and not self.state.is_terminal:
                 self._event("workers_restarted", round=self.required_round, restarts=self.restarts)
-            return {"action": self._action(round_index)}
+            if deterministic is not None and not self.state.is_terminal:
+                self._finish(JobState.FAILED, (
+                    f"not retryable: every rank raised {deterministic['exc_type']}: {deterministic['message']} "
+                    f"at step {deterministic['step']}, in two failing rounds in a row; restarting cannot help.\n"
+                    f"{deterministic.get('traceback', '')}").rstrip())
+            elif not consequence and not self.state.is_terminal and node.failures >= self.job.failure.max_node_failures:
+                self._exclude(node, f"it failed {node.failures} times (failure.max_node_failures="
+                                    f"{self.job.failure.max_node_failures})")
+            return {"action": self._action(round_index, node)}
+
+    def _exclude(self, node: NodeRecord, why: str) -> None:
+        """Take a node out of the job for good and ask for a replacement."""
+        node.state = "excluded"
+        self.rdzv.leave(node.node_id)
+        log.warning("node_excluded", node_id=node.node_id, reason=why)
+        self._event("node_excluded", node_id=node.node_id, reason=why)
+        replacement = max(self.nodes) + 1
+        self._node(replacement).state = "registered"  # expected; silent until it starts
+        self._start_relaunch(replacement, replaces=node.node_id)
+
+    def _start_relaunch(self, node_id: int, *, replaces: int | None = None) -> None:
+        if self._relauncher is None or self._relaunch is None:
+            return
+        cap = self.job.failure.max_restarts + self.job.nodes.max
+        if sum(n.relaunches for n in self.nodes.values()) >= cap:
+            self._finish(JobState.FAILED, f"gave up relaunching nodes after {cap} relaunches "
+                                          "(failure.max_restarts + nodes.max)")
+            return
+        node = self._node(node_id)
+        node.relaunches += 1
+        node.last_heartbeat = self._clock()  # give the new agent a full timeout to start
+        log.info("node_relaunch", node_id=node_id, replaces=replaces)
+        self._event("node_relaunched", node_id=node_id, replaces=replaces)
+        relaunch = self._relaunch
+
+        def run() -> None:
+            try:
+                relaunch(node_id)
+            except Exception as exc:  # the backend refused: the node stays missing
+                log.error("node_relaunch_failed", node_id=node_id, error=f"{type(exc).__name__}: {exc}")
+                self._event("node_relaunch_failed", node_id=node_id, error=str(exc))
+
+        self._relauncher.submit(run)
 
     def succeeded(self, node_id: int, round_index: int) -> dict[str, Any]:
         with self._lock:
@@ -328,12 +407,13 @@ class JobMaster:
                 log.info("node_succeeded", node_id=node_id, round=round_index)
                 if self._succeeded_nodes >= set(rnd.node_ids):
                     self._finish(JobState.SUCCEEDED)
-            return {"action": self._action(round_index)}
+            return {"action": self._action(round_index, node)}
 
     def exited(self, node_id: int) -> dict[str, Any]:
         with self._lock:
             node = self._node(node_id)
-            node.state = "exited"
+            if node.state != "excluded":
+                node.state = "exited"
             self.rdzv.leave(node_id)
             return {"action": "stop"}
 
@@ -345,9 +425,13 @@ class JobMaster:
     # ----- periodic work -----------------------------------------------------------------
 
     def _try_complete(self) -> Round | None:
-        if self.state.is_terminal:
+        # a round forms only when one is required: the first, or after a restart order
+        if self.state.is_terminal or self.rdzv.next_index > self.required_round:
             return None
-        rnd = self.rdzv.try_complete(live_nodes=len(self._live_nodes()))
+        # the first round does not know who else will come: no early completion by "all
+        # live nodes joined", only at max nodes or after the last call
+        live = len(self._live_nodes()) if self.rdzv.latest is not None else None
+        rnd = self.rdzv.try_complete(live_nodes=live)
         if rnd is None:
             return None
         port, store = self._store_factory()
@@ -355,15 +439,57 @@ class JobMaster:
         for old in [i for i in self._stores if i < rnd.index - 1]:
             del self._stores[old]  # drop the server of rounds long gone
         self._succeeded_nodes = set()
+        self.required_round = rnd.index
         if self.state == JobState.PENDING:
             self.state = JobState.RUNNING
+        self.goodput.round_completed(self._clock(), self.started)
         log.info("rendezvous_completed", round=rnd.index, nodes=list(rnd.node_ids), world_size=rnd.world_size,
                  store_port=port)
         self._event("rendezvous_completed", round=rnd.index, node_ids=list(rnd.node_ids), world_size=rnd.world_size)
         return rnd
 
+    def _lose(self, node: NodeRecord, silent_s: float) -> None:
+        node.state = "dead"
+        self.rdzv.leave(node.node_id)
+        log.warning("node_lost", node_id=node.node_id, silent_s=round(silent_s, 1))
+        rnd = self.rdzv.latest
+        if rnd is not None and node.node_id in rnd.node_ids and rnd.index >= self.required_round:
+            self.failure(node.node_id, rnd.index, [{
+                "rank": None, "local_rank": None, "exit_code": None, "kind": "node_lost",
+                "detail": f"no heartbeat for {silent_s:.0f} s"}])
+        else:
+            node.failures += 1
+        if self.state.is_terminal or node.state == "excluded":
+            return
+        if node.failures >= self.job.failure.max_node_failures:
+            self._exclude(node, f"lost {node.failures} times (failure.max_node_failures={self.job.failure.max_node_failures})")
+        elif self._relaunch is not None:
+            self._start_relaunch(node.node_id)
+        elif len(self._live_nodes()) < self.job.nodes.min:
+            self._finish(JobState.FAILED, f"node {node.node_id} lost (no heartbeat for "
+                                          f"{self.job.failure.heartbeat_timeout_s:g} s); {len(self._live_nodes())} live "
+                                          f"nodes < nodes.min={self.job.nodes.min} and the scheduler cannot relaunch nodes")
+
+    def _maybe_scale_up(self, now: float) -> None:
+        """Nodes wait while a smaller-than-max round runs: restart into a bigger round."""
+        rnd = self.rdzv.latest
+        waiting = self.rdzv.waiting
+        if (self.state != JobState.RUNNING or rnd is None or rnd.index < self.required_round or not waiting
+                or len(rnd.node_ids) >= self.job.nodes.max or now - self.rdzv.last_join < self.job.nodes.last_call_s):
+            return
+        unit = self.job.nodes.node_unit
+        bigger = min(self.job.nodes.max, len(rnd.node_ids) + len(waiting)) // unit * unit
+        if bigger <= len(rnd.node_ids):
+            return
+        self.required_round = rnd.index + 1
+        self.rdzv.open_round()
+        log.info("membership_changed", round=self.required_round, nodes=len(rnd.node_ids), to=bigger, waiting=waiting)
+        self._event("membership_changed", round=self.required_round, from_nodes=len(rnd.node_ids), to_nodes=bigger,
+                    waiting=waiting)
+
     def tick(self) -> None:
-        """Complete a due round; declare silent nodes dead; time out a stuck rendezvous."""
+        """Complete a due round; declare silent nodes lost; scale up; time out a stuck
+        rendezvous."""
         with self._lock:
             if self.state.is_terminal:
                 return
@@ -371,21 +497,15 @@ class JobMaster:
             now = self._clock()
             timeout = self.job.failure.heartbeat_timeout_s
             for node in list(self.nodes.values()):
-                if node.state in ("dead", "exited") or now - node.last_heartbeat <= timeout:
-                    continue
-                node.state = "dead"
-                self.rdzv.leave(node.node_id)
-                log.warning("node_lost", node_id=node.node_id, silent_s=round(now - node.last_heartbeat, 1))
-                rnd = self.rdzv.latest
-                if rnd is not None and node.node_id in rnd.node_ids and rnd.index >= self.required_round:
-                    self.failure(node.node_id, rnd.index, [{"rank": None, "local_rank": None, "exit_code": None}])
-                live = len(self._live_nodes())
-                if live < self.job.nodes.min and not self.state.is_terminal:
-                    self._finish(JobState.FAILED, f"node {node.node_id} lost (no heartbeat for {timeout:g} s); "
-                                                  f"{live} live nodes < nodes.min={self.job.nodes.min}")
+                silent = now - node.last_heartbeat
+                if node.state not in _GONE and silent > timeout:
+                    self._lose(node, silent)
+            if self.state.is_terminal:
+                return
+            self._maybe_scale_up(now)
             since = self.rdzv.forming_since
             join_timeout = self.job.nodes.join_timeout_s
-            if since is not None and now - since > join_timeout and not self.state.is_terminal:
+            if since is not None and now - since > join_timeout and self.rdzv.next_index <= self.required_round:
                 self._finish(JobState.FAILED, f"rendezvous round {self.rdzv.next_index} timed out after {join_timeout:g} s "
                                               f"with {len(self.rdzv.waiting)} waiting nodes (nodes.min={self.job.nodes.min})")
 
@@ -394,18 +514,30 @@ class JobMaster:
     def drained(self) -> bool:
         """The job is over and every registered agent has exited (or was declared dead)."""
         with self._lock:
-            return self.state.is_terminal and all(n.state in ("exited", "dead") for n in self.nodes.values())
+            return self.state.is_terminal and all(n.state in _GONE for n in self.nodes.values())
 
     def status(self) -> dict[str, Any]:
         with self._lock:
             rnd = self.rdzv.latest
+            g = self.goodput
             return {
                 "job_id": self.job_id, "state": self.state.value, "message": self.reason,
-                "step": self.goodput.last_step, "metrics": dict(self.metrics),
+                "step": g.last_step, "metrics": dict(self.metrics),
                 "nodes": len(rnd.node_ids) if rnd else 0, "max_nodes": self.job.nodes.max,
                 "restarts": self.restarts, "round": rnd.index if rnd else -1,
                 "elapsed_s": round(self._now(), 3), "node_table": [n.to_dict() for n in self.nodes.values()],
+                "goodput": self._timeline(),
             }
+
+    def _timeline(self) -> dict[str, float]:
+        g = self.goodput
+        end = self.ended if self.ended is not None else self._clock()
+        wall = max(end - self.started, 1e-9)
+        parts = {"productive_s": g.productive_s, "checkpoint_stall_s": g.checkpoint_stall_s, "restore_s": g.restore_s,
+                 "recomputed_s": g.recomputed_s, **g.phases}
+        parts["other_s"] = max(0.0, wall - sum(parts.values()))
+        return {"wall_time_s": round(wall, 3), "goodput": round(min(1.0, g.productive_s / wall), 4),
+                **{k: round(v, 3) for k, v in parts.items()}}
 
     def result(self) -> JobResult:
         with self._lock:
@@ -418,6 +550,8 @@ class JobMaster:
                 reason=self.reason, final_step=g.last_step, restarts=self.restarts, wall_time_s=wall,
                 productive_s=g.productive_s, goodput=min(1.0, g.productive_s / wall),
                 checkpoint_stall_s=g.checkpoint_stall_s, restore_s=g.restore_s, recomputed_s=g.recomputed_s,
+                detection_s=g.phases["detection_s"], restart_s=g.phases["restart_s"],
+                rendezvous_s=g.phases["rendezvous_s"], startup_s=g.phases["startup_s"],
                 failures=tuple(FailureRecord(**{k: v for k, v in f.items() if k != "counted"}) for f in self.failures),
                 metrics=dict(self.metrics), log_dir=str(self.log_dir or ""),
             )

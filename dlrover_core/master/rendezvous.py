@@ -77,6 +77,11 @@ class RendezvousManager:
         return sorted(self._waiting)
 
     @property
+    def last_join(self) -> float:
+        """When a node last joined (clock seconds)."""
+        return self._last_join
+
+    @property
     def forming_since(self) -> float | None:
         """When the first node of the round being formed joined (``None``: nobody waits)."""
         return self._forming_since
@@ -91,6 +96,14 @@ class RendezvousManager:
             if self._forming_since is None:
                 self._forming_since = now
         return self.next_index
+
+    def open_round(self) -> None:
+        """A new round is required now: its last-call window starts now, not at joins that
+        happened while the previous round was still running."""
+        now = self._clock()
+        self._last_join = now
+        if self._waiting:
+            self._forming_since = now
 
     def leave(self, node_id: int) -> None:
         """Drop a waiting node (it died or was excluded)."""

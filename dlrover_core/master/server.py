@@ -52,7 +52,8 @@ class MasterServer:
             "poll": lambda b: m.poll(int(b["node_id"])),
             "heartbeat": lambda b: m.heartbeat(
                 int(b["node_id"]), int(b["round"]), workers=_int_keys(b.get("workers")),
-                steps=_int_keys(b.get("steps")), records=b.get("records") or []),
+                steps=_int_keys(b.get("steps")), records=b.get("records") or [],
+                pid=int(b["pid"]) if b.get("pid") else None),
             "failure": lambda b: m.failure(int(b["node_id"]), int(b["round"]), list(b["failures"])),
             "succeeded": lambda b: m.succeeded(int(b["node_id"]), int(b["round"])),
             "exited": lambda b: m.exited(int(b["node_id"])),

@@ -288,14 +288,27 @@ class LocalScheduler(SchedulerBackend):
         remove_segments(f"dlrover-{handle.job_id}-")
 
     def relaunch_node(self, handle: JobHandle, node_id: int) -> None:
+        """Start a new agent process for ``node_id`` (a node of the plan, or a new id: then
+        made like the plan's first agent)."""
         info = self._info(handle)
-        spec_dict = next((p for p in info["processes"] if p["name"] == f"node-{node_id}"), None)
+        agents = [p for p in info["processes"] if p["role"] == "agent"]
+        spec_dict = next((p for p in agents if p["name"] == f"node-{node_id}"), None)
         if spec_dict is None:
-            raise SchedulerError(f"job {handle.job_id} has no node {node_id}")
+            if not agents:
+                raise SchedulerError(f"job {handle.job_id} has no agent to copy for node {node_id}")
+            template = agents[0]
+            argv = list(template["argv"])
+            argv[argv.index("--node-id") + 1] = str(node_id)
+            spec_dict = {**template, "name": f"node-{node_id}", "argv": argv,
+                         "log_file": str(Path(template["log_file"]).with_name(f"node_{node_id}.log"))}
         spec = ProcessSpec(**{**spec_dict, "argv": tuple(spec_dict["argv"])})
         popen = self._start(handle.job_id, spec)
+        # handle.json is shared with the runner (cancel reads it): rewrite it atomically
+        info = self._info(handle)
         info.setdefault("relaunched", {})[f"node-{node_id}:{popen.pid}"] = popen.pid
-        (Path(handle.log_dir) / "handle.json").write_text(json.dumps(info, indent=2))
+        tmp = Path(handle.log_dir) / "handle.json.tmp"
+        tmp.write_text(json.dumps(info, indent=2))
+        os.replace(tmp, Path(handle.log_dir) / "handle.json")
 
     def result(self, handle: JobHandle) -> JobResult | None:
         path = Path(handle.log_dir) / "result.json"

@@ -19,6 +19,18 @@ from dlrover_core.train.context import WorkerInfo, worker_info
 from dlrover_core.train.prepare import prepare
 from dlrover_core.train.process_group import init
 from dlrover_core.train.progress import report
+from dlrover_core.train.sampler import ElasticSampler, accumulation_steps
 from dlrover_core.train.state import ModelOptimizerState
 
-__all__ = ["Checkpointer", "ModelOptimizerState", "Restored", "WorkerInfo", "init", "prepare", "report", "worker_info"]
+__all__ = [
+    "Checkpointer",
+    "ElasticSampler",
+    "ModelOptimizerState",
+    "Restored",
+    "WorkerInfo",
+    "accumulation_steps",
+    "init",
+    "prepare",
+    "report",
+    "worker_info",
+]

@@ -12,7 +12,7 @@ import attrs
 from dlrover_core import env
 from dlrover_core.logging import get_logger
 from dlrover_core.train.context import WorkerInfo, current_job, worker_info
-from dlrover_core.train.progress import get_writer
+from dlrover_core.train.progress import get_writer, install_excepthook
 
 __all__ = ["init"]
 
@@ -31,6 +31,17 @@ def _watch_parent(pid: int) -> None:
             time.sleep(1.0)
 
     threading.Thread(target=loop, name="dlrover-parent-watch", daemon=True).start()
+
+
+def _register_stack_dump() -> None:
+    """On SIGUSR1, write every thread's Python stack to ``DLROVER_STACK_FILE`` (the agent's
+    fallback when py-spy is not installed)."""
+    import faulthandler
+    import signal
+
+    path = os.environ.get("DLROVER_STACK_FILE")
+    if path:
+        faulthandler.register(signal.SIGUSR1, file=open(path, "a"), all_threads=True)
 
 
 def init(*, timeout_s: float | None = None) -> WorkerInfo:
@@ -80,6 +91,9 @@ def init(*, timeout_s: float | None = None) -> WorkerInfo:
     watch = os.environ.get(env.WATCH_PID)
     if watch:
         _watch_parent(int(watch))
+    if info.is_launched:
+        install_excepthook()
+        _register_stack_dump()
     get_writer().mark()
     log.debug("worker_initialised", rank=info.rank, world_size=info.world_size, backend=accelerator.dist_backend)
     _info = info

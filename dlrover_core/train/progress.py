@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import threading
 import time
 from typing import Any
 
-__all__ = ["ProgressWriter", "get_writer", "report"]
+__all__ = ["ProgressWriter", "get_writer", "install_excepthook", "report"]
 
 
 def _to_float(name: str, value: Any) -> float:
@@ -45,13 +46,18 @@ class ProgressWriter:
         self._mark = time.monotonic()
 
     def write(self, record: dict[str, Any]) -> None:
+        if record.get("type") == "restore":
+            self.last_step = int(record["step"])  # the step training goes on from
         if self._file is None:
             return
         line = json.dumps(record, allow_nan=True, separators=(",", ":"))
         with self._lock:
             self._file.write(line + "\n")
 
+    last_step = -1
+
     def step(self, step: int, metrics: dict[str, Any]) -> float:
+        self.last_step = int(step)
         now = time.monotonic()
         dt = now - self._mark
         self._mark = now
@@ -84,3 +90,26 @@ def report(step: int, **metrics: Any) -> None:
         TypeError: a metric is not convertible to float.
     """
     get_writer().step(step, metrics)
+
+
+def install_excepthook() -> None:
+    """Record an uncaught exception (type, message, traceback, and the last step reported or
+    restored) as a progress record before the process dies, so the master can tell a deterministic bug (the same
+    exception on every rank at the same step, twice) from a transient failure."""
+    import traceback
+
+    previous = sys.excepthook
+
+    def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        try:
+            writer = get_writer()
+            writer.write({
+                "type": "exception", "exc_type": exc_type.__qualname__ if exc_type.__module__ == "builtins"
+                else f"{exc_type.__module__}.{exc_type.__qualname__}",
+                "message": str(exc)[:1000], "step": writer.last_step, "t": time.time(),
+                "traceback": "".join(traceback.format_exception(exc_type, exc, tb)[-40:]),
+            })
+        finally:
+            previous(exc_type, exc, tb)
+
+    sys.excepthook = hook

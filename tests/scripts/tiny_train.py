@@ -31,6 +31,8 @@ def main() -> int:
     p.add_argument("--spawn-grandchild", action="store_true")
     p.add_argument("--sigterm-file", default="")
     p.add_argument("--extra-mb", type=float, default=0.0, help="checkpoint this many MiB more (a buffer)")
+    p.add_argument("--fail-node", type=int, default=-1, help="the node with this id exits at --fail-at, always")
+    p.add_argument("--raise-at", type=int, default=-1, help="every rank raises the same ValueError at this step")
     a = p.parse_args()
     if a.sigterm_file:
         def on_term(signum, frame):
@@ -50,6 +52,8 @@ def main() -> int:
     start = restored.step + 1 if restored else 0
     g = torch.Generator().manual_seed(1234 + info.rank)
     for step in range(start, a.steps):
+        if step == a.raise_at:  # a bug in the forward pass: before the step is saved
+            raise ValueError(f"bad batch at step {step}: shape mismatch")
         g.manual_seed(1234 + info.rank * 100_000 + step)
         x = torch.randn(16, 8, generator=g)
         loss = ((model(x) - x.sum(1, keepdim=True)) ** 2).mean()
@@ -61,6 +65,9 @@ def main() -> int:
             time.sleep(a.step_sleep)
         extra.fill_(step)
         ckpt.save(step, {"model": model, "optimizer": opt, "extra": extra})
+        if a.fail_node >= 0 and step >= a.fail_at and os.environ.get("DLROVER_NODE_ID") == str(a.fail_node):
+            print(f"node {a.fail_node} fails again at step {step}", flush=True)
+            os._exit(a.exit_code)
         first = info.restart_count == 0
         if step >= a.fail_at >= 0 and info.rank == a.fail_rank and (first or a.fail_always):
             print(f"failing on purpose at step {step}", flush=True)

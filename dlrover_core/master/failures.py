@@ -1,0 +1,78 @@
+"""What a failure was, and whether restarting can help.
+
+* :func:`describe` names a failure in words (``SIGKILL``, ``exit code 3``, ``ValueError: ...
+  at step 17``, ``hang: ...``, ``node lost``).
+* :class:`DeterministicErrorDetector`: the same Python exception (type, message, step) on
+  every rank of a round, in two failing rounds in a row, is a bug in the program, not bad
+  luck — restarting again would only burn the budget.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+__all__ = ["DeterministicErrorDetector", "describe", "signal_name"]
+
+
+def signal_name(exit_code: int | None) -> str | None:
+    """``-9`` → ``"SIGKILL"``; codes ``128 + n`` from a shell count too; otherwise ``None``."""
+    if exit_code is None:
+        return None
+    n = -exit_code if exit_code < 0 else (exit_code - 128 if 128 < exit_code < 160 else 0)
+    try:
+        return signal.Signals(n).name if n else None
+    except ValueError:
+        return None
+
+
+def describe(failure: dict[str, Any]) -> str:
+    """One line for a failure record (as agents report them)."""
+    kind = failure.get("kind")
+    if kind == "node_lost":
+        return f"node lost ({failure.get('detail', 'no heartbeat')})"
+    if kind == "hang":
+        return f"hang ({failure.get('detail', 'no progress')})"
+    exc = failure.get("exception")
+    if exc:
+        return f"{exc.get('exc_type')}: {exc.get('message')} at step {exc.get('step')}"
+    code = failure.get("exit_code")
+    return signal_name(code) or f"exit code {code}"
+
+
+def _signature(exception: dict[str, Any]) -> tuple[str, str, int]:
+    return (str(exception.get("exc_type")), str(exception.get("message")), int(exception.get("step", -1)))
+
+
+class DeterministicErrorDetector:
+    """Finds rounds in which every rank died of the same exception at the same step, and
+    reports when two failing rounds in a row did so with the same signature."""
+
+    def __init__(self) -> None:
+        self._signatures: dict[int, dict[int, tuple[str, str, int] | None]] = {}
+        self._world: dict[int, int] = {}
+        self._failing_rounds: list[int] = []
+
+    def record(self, round_index: int, world_size: int, rank: int | None, exception: dict[str, Any] | None) -> bool:
+        """Record a failed rank; return True when this makes the round's failure the same
+        deterministic error as the previous failing round's."""
+        if round_index not in self._signatures:
+            self._signatures[round_index] = {}
+            self._world[round_index] = world_size
+            self._failing_rounds.append(round_index)
+        if rank is None:
+            return False
+        self._signatures[round_index][rank] = _signature(exception) if exception else None
+        mine = self.uniform(round_index)
+        if mine is None:
+            return False
+        earlier = [r for r in self._failing_rounds if r < round_index]
+        return bool(earlier) and self.uniform(earlier[-1]) == mine
+
+    def uniform(self, round_index: int) -> tuple[str, str, int] | None:
+        """The signature every rank of the round died with, if they all did."""
+        sigs = self._signatures.get(round_index, {})
+        values = set(sigs.values())
+        if len(sigs) == self._world.get(round_index) and len(values) == 1 and None not in values:
+            return values.pop()
+        return None

@@ -104,6 +104,7 @@ class JobRun:
             while True:
                 if self.backend.result(self.handle) is not None:
                     break
+                self.backend.supervise(self.handle)
                 status = self.status()
                 if status.state.is_terminal:
                     # the result follows once agents have drained; a dead master never writes one

@@ -151,3 +151,21 @@ def test_scale_down_then_up_uses_every_sample_exactly_once(tmp_path):
         assert sorted(by_epoch[epoch]) == list(range(300)), f"epoch {epoch}"
     last = by_epoch[max(by_epoch)]
     assert len(last) == len(set(last))
+
+
+@pytest.mark.timeout(240)
+def test_killed_master_comes_back_from_its_journal(tmp_path):
+    """SIGKILL the master: the local scheduler starts it again, it resumes its node table and
+    round from the journal, agents reconnect, and the job finishes without a restart."""
+    run = job(tmp_path, "tiny_train.py", "--steps", "60", "--step-sleep", "0.1").submit()
+    wait_step(run, 10)
+    handle = json.loads((Path(run.handle.log_dir) / "handle.json").read_text())
+    os.kill(handle["master_pid"], signal.SIGKILL)
+    result = run.wait(progress=False, timeout_s=180)
+    assert result.state == JobState.SUCCEEDED, result.reason
+    assert result.restarts == 0 and result.final_step == 59
+    ev = events(result)
+    assert [e["kind"] for e in ev].count("master_recovered") == 1
+    assert json.loads((Path(run.handle.log_dir) / "handle.json").read_text())["master_restarts"] == 1
+    assert (Path(result.log_dir) / "goodput.json").exists()
+    assert job_processes(result.job_id) == []

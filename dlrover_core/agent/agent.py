@@ -162,6 +162,8 @@ class ElasticAgent:
                 return answer
             if answer["state"] == "stop":
                 return None
+            if answer["state"] == "rejoin":
+                self.client.call("join", {"node_id": self.node_id, "nproc": self.nproc})
             if time.monotonic() > deadline:
                 raise RendezvousError(f"node {self.node_id}: no round formed within nodes.join_timeout_s="
                                       f"{self.job.nodes.join_timeout_s:g} s")

@@ -1,7 +1,9 @@
 """``python -m dlrover_core.master``: run a job's master until the job ends.
 
-The Job comes as JSON in ``DLROVER_JOB_SPEC``. On exit the master writes ``result.json``
-(the JobResult) into ``--log-dir`` atomically.
+The Job comes as JSON in ``DLROVER_JOB_SPEC``. Every half second the master journals its
+state to ``master_journal.json`` in ``--log-dir``; a master started where a journal exists
+resumes from it (the local scheduler restarts a master that died). On exit it writes
+``goodput.json`` (the timeline) and ``result.json`` (the JobResult) atomically.
 """
 
 from __future__ import annotations
@@ -17,6 +19,10 @@ from pathlib import Path
 
 from dlrover_core import env
 from dlrover_core.logging import configure, get_logger
+
+
+#: Seconds between journal writes (what a restarted master can lose of its state).
+_JOURNAL_S = 0.5
 
 
 def _store_factory():
@@ -74,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     master = JobMaster(job, args.job_id, store_host=args.store_host, store_factory=_store_factory(),
                        storage=storage, relaunch=_relauncher(job, args.job_id, log_dir), log_dir=log_dir,
                        emit=host.emit)
+    journal = log_dir / "master_journal.json"
+    if journal.exists():  # this master replaces one that died: resume its state
+        master.restore(json.loads(journal.read_text()))
     server = MasterServer(master, args.host, args.port)
     server.start()
     log.info("master_started", job_id=args.job_id, addr=f"{args.host}:{server.port}", pid=os.getpid())
@@ -90,8 +99,15 @@ def main(argv: list[str] | None = None) -> int:
 
     drain_s = job.failure.stop_grace_s + 3 * job.failure.heartbeat_interval_s + 5.0
     finished_at: float | None = None
+    last_journal, last_written = 0.0, ""
     while True:
         master.tick()
+        if time.monotonic() - last_journal >= _JOURNAL_S:
+            last_journal = time.monotonic()
+            text = json.dumps(master.snapshot())
+            if text != last_written:
+                _write_atomic(journal, text)
+                last_written = text
         if watch and not _alive(watch):
             master.cancel("the process that started the job exited")
         if master.state.is_terminal:
@@ -100,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
                 break
         stop.wait(0.1)
     result = master.result()
+    _write_atomic(log_dir / "goodput.json", json.dumps(master.status()["goodput"], indent=2))
     _write_atomic(log_dir / "result.json", json.dumps(result.to_dict(), indent=2))
+    journal.unlink(missing_ok=True)
     time.sleep(0.2)  # let agents read their last "stop"
     server.stop()
     log.info("master_exited", state=result.state.value)

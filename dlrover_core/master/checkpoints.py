@@ -102,6 +102,11 @@ class CheckpointCoordinator:
         except OSError as exc:  # retention is best effort; the commit stands
             log.warning("checkpoint_retention_failed", error=str(exc))
 
+    def pending_shards(self) -> list[dict[str, Any]]:
+        """Durable shards of steps not committed yet (for the master's journal)."""
+        return [{"step": step, "world_size": world, "rank": rank, "info": info}
+                for (step, world), shards in self._shards.items() for rank, info in shards.items()]
+
     # ----- restores ------------------------------------------------------------------------
 
     def restore_plan(self, *, round_index: int, rank: int, world_size: int, memory_steps: list[int]) -> dict[str, Any]:

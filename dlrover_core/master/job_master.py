@@ -224,6 +224,8 @@ class JobMaster:
             self._try_complete()
             rnd = self.rdzv.latest
             if rnd is None or node_id not in rnd.node_ids or rnd.index < self.required_round or node.state != "waiting":
+                if node_id not in self.rdzv.waiting:  # e.g. the master restarted meanwhile
+                    return {"state": "rejoin", "action": "none"}
                 return {"state": "waiting", "action": "none"}
             node.state, node.round = "running", rnd.index
             port, _ = self._stores[rnd.index]
@@ -508,6 +510,52 @@ class JobMaster:
             if since is not None and now - since > join_timeout and self.rdzv.next_index <= self.required_round:
                 self._finish(JobState.FAILED, f"rendezvous round {self.rdzv.next_index} timed out after {join_timeout:g} s "
                                               f"with {len(self.rdzv.waiting)} waiting nodes (nodes.min={self.job.nodes.min})")
+
+    # ----- journal (master restarts) ------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """The master's durable state as JSON-safe data (heartbeat times excluded)."""
+        with self._lock:
+            rnd = self.rdzv.latest
+            return {
+                "version": 1, "job_id": self.job_id, "elapsed_s": self._now(), "state": self.state.value,
+                "reason": self.reason, "restarts": self.restarts, "required_round": self.required_round,
+                "round": None if rnd is None else {"index": rnd.index, "node_ids": list(rnd.node_ids),
+                                                   "nproc": list(rnd.nproc)},
+                "succeeded": sorted(self._succeeded_nodes),
+                "nodes": [attrs.asdict(n, filter=lambda a, _: a.name != "last_heartbeat") for n in self.nodes.values()],
+                "failures": self.failures, "metrics": self.metrics, "goodput": self.goodput.to_dict(),
+                "pending_shards": self.checkpoints.pending_shards() if self.checkpoints else [],
+            }
+
+    def restore(self, snap: dict[str, Any]) -> None:
+        """Resume from :meth:`snapshot` after a restart. Agents keep their workers; they get
+        a full heartbeat timeout to reconnect."""
+        with self._lock:
+            now = self._clock()
+            self.started = now - float(snap["elapsed_s"])
+            self.state, self.reason = JobState(snap["state"]), snap["reason"]
+            self.restarts, self.required_round = snap["restarts"], snap["required_round"]
+            r = snap["round"]
+            self.rdzv.restore(None if r is None else Round(index=r["index"], node_ids=tuple(r["node_ids"]),
+                                                           nproc=tuple(r["nproc"])))
+            self._succeeded_nodes = set(snap["succeeded"])
+            self.nodes = {}
+            for n in snap["nodes"]:
+                node = NodeRecord(**{**n, "workers": {int(k): v for k, v in n["workers"].items()},
+                                     "steps": {int(k): v for k, v in n["steps"].items()}})
+                node.last_heartbeat = now
+                if node.state == "waiting":  # it will poll again and find no round: make it rejoin
+                    node.state = "registered"
+                self.nodes[node.node_id] = node
+            self.failures, self.metrics = snap["failures"], snap["metrics"]
+            self.goodput = GoodputTracker.from_dict(snap["goodput"])
+            for shard in snap["pending_shards"]:
+                if self.checkpoints is not None:
+                    self.checkpoints.shard_done(step=shard["step"], rank=shard["rank"],
+                                                world_size=shard["world_size"], info=shard["info"])
+            log.info("master_recovered", round=r["index"] if r else None, nodes=len(self.nodes), restarts=self.restarts)
+            self._event("master_recovered", round=r["index"] if r else None, nodes=len(self.nodes))
 
     # ----- views -------------------------------------------------------------------------
 

@@ -97,6 +97,13 @@ class RendezvousManager:
                 self._forming_since = now
         return self.next_index
 
+    def restore(self, latest: Round | None) -> None:
+        """Resume after a master restart: rounds continue from ``latest``; nobody waits."""
+        self.latest = latest
+        self._waiting.clear()
+        self._forming_since = None
+        self._last_join = self._clock()
+
     def open_round(self) -> None:
         """A new round is required now: its last-call window starts now, not at joins that
         happened while the previous round was still running."""

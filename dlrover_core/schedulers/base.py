@@ -204,6 +204,10 @@ class SchedulerBackend(abc.ABC):
     def relaunch_node(self, handle: JobHandle, node_id: int) -> None:
         """Start a replacement for node ``node_id`` (its agent)."""
 
+    def supervise(self, handle: JobHandle) -> None:
+        """Keep the job's control plane alive (called regularly while a runner waits): e.g.
+        restart a master that died. Default: nothing (the platform restarts it)."""
+
     @abc.abstractmethod
     def result(self, handle: JobHandle) -> JobResult | None:
         """The final :class:`~dlrover_core.result.JobResult`, or ``None`` while running."""

@@ -45,6 +45,7 @@ from dlrover_core.spec import Job
 __all__ = ["LocalScheduler"]
 
 _MASTER_START_TIMEOUT_S = 60.0
+_MASTER_RESTARTS = 3
 
 
 def _free_port() -> int:
@@ -211,10 +212,33 @@ class LocalScheduler(SchedulerBackend):
         for popen in self._popens.get(handle.job_id, {}).values():
             popen.poll()
 
+    def _finished(self, handle: JobHandle) -> bool:
+        """The master wrote a result and exited, or died for good (restarts used up)."""
+        if not self.master_exited(handle):
+            return False
+        return self.result(handle) is not None or self._info(handle).get("master_restarts", 0) >= _MASTER_RESTARTS
+
     def master_exited(self, handle: JobHandle) -> bool:
         """Whether the job's master process has exited."""
         self._reap(handle)
         return not _alive(int(self._info(handle)["master_pid"]))
+
+    def supervise(self, handle: JobHandle) -> None:
+        """Restart the master if it died before writing a result (it resumes from its
+        journal; agents reconnect to the same address). At most ``_MASTER_RESTARTS`` times."""
+        if self.result(handle) is not None or not self.master_exited(handle):
+            return
+        info = self._info(handle)
+        if info.get("master_restarts", 0) >= _MASTER_RESTARTS:
+            return
+        spec_dict = next(p for p in info["processes"] if p["role"] == "master")
+        popen = self._start(handle.job_id, ProcessSpec(**{**spec_dict, "argv": tuple(spec_dict["argv"])}))
+        info = self._info(handle)
+        info["master_pid"] = popen.pid
+        info["master_restarts"] = info.get("master_restarts", 0) + 1
+        tmp = Path(handle.log_dir) / "handle.json.tmp"
+        tmp.write_text(json.dumps(info, indent=2))
+        os.replace(tmp, Path(handle.log_dir) / "handle.json")
 
     def status(self, handle: JobHandle) -> JobStatus:
         info = self._info(handle)
@@ -230,9 +254,9 @@ class LocalScheduler(SchedulerBackend):
             if result is not None:
                 return JobStatus(state=result.state, step=result.final_step, metrics=result.metrics,
                                  restarts=result.restarts, message=result.reason)
-            if self.master_exited(handle):
+            if self._finished(handle):
                 return JobStatus(state=JobState.FAILED, message="the job master exited without a result")
-            return JobStatus(state=JobState.UNKNOWN, message="the job master is not answering")
+            return JobStatus(state=JobState.UNKNOWN, message="the job master is not answering (restarting?)")
 
     def logs(self, handle: JobHandle, *, follow: bool = False) -> Iterator[str]:
         log_dir = Path(handle.log_dir)
@@ -259,7 +283,7 @@ class LocalScheduler(SchedulerBackend):
                     yield f"[{name}] {line.decode(errors='replace')}"
 
         while True:
-            done = not follow or self.master_exited(handle)
+            done = not follow or self._finished(handle)
             yield from read_new()
             if done:
                 for path, rest in partial.items():

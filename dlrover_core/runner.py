@@ -14,7 +14,7 @@ from dlrover_core.errors import SchedulerError
 from dlrover_core.logging import get_logger
 from dlrover_core.plugins import get_host
 from dlrover_core.result import JobResult
-from dlrover_core.schedulers.base import JobHandle, JobState, JobStatus, Plan, SchedulerBackend
+from dlrover_core.schedulers.base import JobHandle, JobStatus, Plan, SchedulerBackend
 from dlrover_core.spec import Job
 
 __all__ = ["JobRun", "dryrun", "submit"]

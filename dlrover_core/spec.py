@@ -151,6 +151,8 @@ class Failure:
             times is excluded from the job and replaced.
         stop_grace_s: after SIGTERM, how long workers get before SIGKILL.
         collective_timeout_s: timeout of the worker process group's collectives.
+        warm_restart: keep standby processes per node that have already imported torch and
+            turn them into workers, so a (re)started worker skips that (about a second).
     """
 
     max_restarts: int = 3
@@ -161,6 +163,7 @@ class Failure:
     max_node_failures: int = 3
     stop_grace_s: float = 10.0
     collective_timeout_s: float = 300.0
+    warm_restart: bool = True
 
     def __attrs_post_init__(self) -> None:
         _int_at_least("failure.max_restarts", self.max_restarts, 0)
@@ -177,6 +180,8 @@ class Failure:
         _int_at_least("failure.max_node_failures", self.max_node_failures, 1)
         _positive_number("failure.stop_grace_s", self.stop_grace_s)
         _positive_number("failure.collective_timeout_s", self.collective_timeout_s)
+        if not isinstance(self.warm_restart, bool):
+            raise JobSpecError("failure.warm_restart", self.warm_restart, "True or False")
 
 
 @attrs.frozen(init=False)

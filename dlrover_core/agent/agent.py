@@ -33,7 +33,7 @@ from typing import IO, Any
 
 from dlrover_core.agent.launch import worker_argv, worker_env
 from dlrover_core.agent.progress import ProgressTail
-from dlrover_core.agent.workers import WorkerProcess, kill_trees
+from dlrover_core.agent.workers import Standby, WorkerProcess, kill_trees
 from dlrover_core.checkpoint.saver import CheckpointSaver
 from dlrover_core.checkpoint.shm import remove_segments
 from dlrover_core.errors import MasterUnavailableError, RendezvousError
@@ -92,6 +92,7 @@ class ElasticAgent:
         self._stop = threading.Event()
         self._signal: int | None = None
         self._shm_prefix = f"dlrover-{job_id}-n{node_id}-"
+        self._standbys: list[Standby] = []
         self.saver = None
         if storage is not None:
             self.saver = CheckpointSaver(job_id=job_id, node_id=node_id, storage=storage,
@@ -122,6 +123,7 @@ class ElasticAgent:
         self.client.call("register", {"node_id": self.node_id, "host": socket.gethostname(), "pid": os.getpid()})
         if self.saver is not None:
             self.saver.start()
+        self._fill_standbys()
         try:
             while not self._stop.is_set():
                 world = self._rendezvous()
@@ -134,6 +136,9 @@ class ElasticAgent:
             return 1
         finally:
             self._stop_workers()
+            for standby in self._standbys:
+                standby.close()
+            self._standbys = []
             if self.saver is not None:
                 self.saver.stop()
             removed = remove_segments(self._shm_prefix)
@@ -167,7 +172,7 @@ class ElasticAgent:
             if time.monotonic() > deadline:
                 raise RendezvousError(f"node {self.node_id}: no round formed within nodes.join_timeout_s="
                                       f"{self.job.nodes.join_timeout_s:g} s")
-            self._stop.wait(0.1)
+            self._stop.wait(0.02)
         return None
 
     # ----- one round -----------------------------------------------------------------------
@@ -185,17 +190,42 @@ class ElasticAgent:
                 master_addr=self.client.addr, accelerator=self.accelerator, progress_file=str(progress),
                 log_dir=str(self.log_dir), agent_pid=os.getpid(),
             ), "DLROVER_STACK_FILE": str(self._stack_file(int(world["round"]), rank))}
+            standby = self._take_standby()
             worker = WorkerProcess(rank=rank, local_rank=local_rank, argv=argv, env=env, cwd=self.job.workdir,
-                                   log_file=self.node_dir / f"rank_{rank}.log", echo=self.echo)
+                                   log_file=self.node_dir / f"rank_{rank}.log", echo=self.echo, standby=standby)
             self.workers.append(worker)
             self._tails[rank] = ProgressTail(progress, started=time.monotonic())
         if self.saver is not None:
-            ranks = [w.rank for w in self.workers]
-            self.saver.set_ranks(ranks)
-            for name in _segments_of_other_ranks(self._shm_prefix, ranks):
-                remove_segments(name)  # this node no longer hosts that rank: its memory is useless
-        log.info("workers_started", node_id=self.node_id, round=world["round"],
-                 ranks=[w.rank for w in self.workers], pids=[w.pid for w in self.workers])
+            self.saver.set_ranks([w.rank for w in self.workers])
+        log.info("workers_started", node_id=self.node_id, round=world["round"], ranks=[w.rank for w in self.workers],
+                 pids=[w.pid for w in self.workers], warm=[w.warm for w in self.workers])
+
+    # ----- warm restart -------------------------------------------------------------------
+
+    def _standby_env(self) -> dict[str, str]:
+        """What a standby imports torch with: the workers' values of the variables libraries
+        read at import time."""
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "DLROVER_WATCH_PID": str(os.getpid())}
+        if self.nproc > 1 and "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in self.job.env:
+            env["OMP_NUM_THREADS"] = "1"
+        env.update(self.accelerator.worker_env(0, self.nproc))
+        env.update(self.job.env)
+        return env
+
+    def _fill_standbys(self) -> None:
+        """Keep ``nproc`` warm standbys (Failure.warm_restart)."""
+        if not self.job.failure.warm_restart:
+            return
+        self._standbys = [s for s in self._standbys if s.alive()]
+        while len(self._standbys) < self.nproc:
+            self._standbys.append(Standby(env=self._standby_env(), cwd=self.job.workdir))
+
+    def _take_standby(self) -> Standby | None:
+        while self._standbys:
+            standby = self._standbys.pop(0)
+            if standby.alive():
+                return standby
+        return None
 
     def _stack_file(self, round_index: int, rank: int) -> Path:
         return self.node_dir / f"stacks_round{round_index}_rank{rank}.txt"
@@ -267,9 +297,10 @@ class ElasticAgent:
             self.workers = []
 
     def _save_at_breakpoint(self) -> None:
-        """Before workers restart: persist every complete snapshot newer than the last commit."""
+        """Workers stopped after a failure: persist, in the background, every complete
+        snapshot newer than the last commit."""
         if self.saver is not None:
-            self.saver.persist_breakpoint()
+            self.saver.request_breakpoint()
 
     def _drain(self) -> tuple[dict[int, int], list[dict[str, Any]]]:
         """New progress: every local rank's newest step, and rank 0's records."""
@@ -305,6 +336,9 @@ class ElasticAgent:
             hung = self._hung()
             if hung:
                 return self._on_hang(round_index, hung)
+            if (self.job.failure.warm_restart and len(self._standbys) < self.nproc
+                    and all(t.last_step >= 0 for t in self._tails.values())):
+                self._fill_standbys()  # workers are past their start: prepare the next ones
             if not reported_success and all(c == 0 for _, c in codes):
                 for w in self.workers:
                     w.join_output()
@@ -364,18 +398,3 @@ class ElasticAgent:
         self._save_at_breakpoint()
         return "stop" if answer["action"] == "stop" else "restart"
 
-
-def _segments_of_other_ranks(prefix: str, ranks: list[int]) -> list[str]:
-    """Names of this node's segments that belong to ranks it does not host now."""
-    from dlrover_core.checkpoint.shm import SHM_DIR, parse_segment_name
-
-    try:
-        names = os.listdir(SHM_DIR)
-    except FileNotFoundError:
-        return []
-    out = []
-    for name in names:
-        parsed = parse_segment_name(name) if name.startswith(prefix) else None
-        if parsed is not None and int(parsed["rank"]) not in ranks:
-            out.append(name)
-    return out

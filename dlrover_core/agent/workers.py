@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -15,7 +16,7 @@ from typing import IO
 
 import psutil
 
-__all__ = ["WorkerProcess", "kill_trees"]
+__all__ = ["Standby", "WorkerProcess", "kill_trees"]
 
 # Runs in the child before exec: die with the agent (PR_SET_PDEATHSIG = 1), and exit if the
 # agent is already gone (the race between fork and prctl). A tiny interpreter start instead
@@ -28,12 +29,51 @@ _PDEATHSIG_EXEC = (
 )
 
 
+def _launcher() -> list[str]:
+    if sys.platform == "linux":
+        return [sys.executable, "-S", "-c", _PDEATHSIG_EXEC, str(os.getpid())]
+    return []
+
+
+class Standby:
+    """A warm spare worker (:mod:`dlrover_core.agent.standby`): started now, it imports what
+    workers need and waits; :meth:`activate` turns it into a worker."""
+
+    def __init__(self, *, env: dict[str, str], cwd: str) -> None:
+        self.popen = subprocess.Popen(
+            [*_launcher(), sys.executable, "-u", "-m", "dlrover_core.agent.standby"], env=env, cwd=cwd,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def activate(self, *, argv: Sequence[str], env: dict[str, str], cwd: str) -> subprocess.Popen:
+        """Hand the standby its worker command; returns its process (now the worker)."""
+        assert self.popen.stdin is not None
+        self.popen.stdin.write((json.dumps({"argv": list(argv), "env": env, "cwd": cwd}) + "\n").encode())
+        self.popen.stdin.close()
+        return self.popen
+
+    def close(self) -> None:
+        """Retire an unused standby (closing its stdin makes it exit)."""
+        with contextlib.suppress(OSError, ValueError):
+            if self.popen.stdin is not None:
+                self.popen.stdin.close()
+        try:
+            self.popen.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+
+
 class WorkerProcess:
     """One worker: its process, and a thread copying its output to a log file and to the
     agent's stdout with a ``[rank N]`` prefix.
 
     The worker runs in its own session (process group), so the whole tree it forks can be
     signalled, and it is killed by the kernel if the agent dies (``PR_SET_PDEATHSIG``).
+    With ``standby`` the worker is that warm process, activated with this command.
     """
 
     def __init__(
@@ -46,17 +86,19 @@ class WorkerProcess:
         cwd: str,
         log_file: Path,
         echo: IO[str] | None = None,
+        standby: Standby | None = None,
     ) -> None:
         self.rank = rank
         self.local_rank = local_rank
         self.log_file = log_file
-        launcher: list[str] = []
-        if sys.platform == "linux":
-            launcher = [sys.executable, "-S", "-c", _PDEATHSIG_EXEC, str(os.getpid())]
-        self.popen = subprocess.Popen(
-            [*launcher, *argv], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+        self.warm = standby is not None
+        if standby is not None:
+            self.popen = standby.activate(argv=argv, env=env, cwd=cwd)
+        else:
+            self.popen = subprocess.Popen(
+                [*_launcher(), *argv], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            )
         self.pid = self.popen.pid
         self._echo = echo
         self._pump = threading.Thread(target=self._copy_output, name=f"dlrover-log-rank{rank}", daemon=True)

@@ -7,9 +7,10 @@ lock on its slot, so the worker's next save goes to the other slot; a CRC32 of t
 computed alongside the write. Each persisted shard is reported to the master, which commits
 the step when every rank's shard is in.
 
-At a failure (:meth:`CheckpointSaver.persist_breakpoint`) every complete snapshot newer
-than the last commit is persisted before workers restart, so the newest step all ranks hold
-can still be committed. A storage error (disk full, permission) is reported and logged; the
+At a failure (:meth:`CheckpointSaver.request_breakpoint`) every complete snapshot newer than
+the last commit is persisted ("save at breakpoint"), so the newest step all ranks hold can
+still be committed. It runs in the background, beside the restarting workers: they restore
+from memory and do not need it, and a save never overwrites a slot being persisted. A storage error (disk full, permission) is reported and logged; the
 thread carries on and the previous commit stays loadable.
 """
 
@@ -23,7 +24,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from dlrover_core.checkpoint.shm import SlotHeader, SnapshotSlot, segment_name
+from dlrover_core.checkpoint.shm import SlotHeader, SnapshotSlot, remove_segments, segment_name
 from dlrover_core.logging import get_logger
 from dlrover_core.storage.base import CheckpointStorage
 
@@ -73,6 +74,7 @@ class CheckpointSaver:
         self._done_seq: dict[int, int] = {}  # rank -> newest seq persisted (or given up on)
         self.committed: int | None = storage.latest_step()
         self._busy = threading.Lock()
+        self._breakpoint: tuple[int, ...] | None = None  # ranks whose snapshots to persist now
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dlrover-ckpt-saver", daemon=True)
         self.persisted: list[dict[str, Any]] = []
@@ -83,15 +85,28 @@ class CheckpointSaver:
         self._thread.start()
 
     def set_ranks(self, ranks: list[int]) -> None:
-        """The global ranks this node hosts in the current round."""
+        """The global ranks this node hosts in the current round. Snapshots of ranks it no
+        longer hosts are dropped (after a pending breakpoint save)."""
         with self._busy:
+            gone = set(self._ranks) - set(ranks) - set(self._breakpoint or ())
             self._ranks = tuple(ranks)
+            for rank in gone:
+                self._drop_rank(rank)
+
+    def _drop_rank(self, rank: int) -> None:
+        for index in range(_SLOTS):
+            slot = self._slots.pop((rank, index), None)
+            if slot is not None:
+                slot.close()
+            remove_segments(segment_name(self.job_id, self.node_id, rank, index))
 
     def stop(self) -> None:
         """Persist what is due, stop the thread, close the slots (segments stay)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=60)
+        if self._breakpoint is not None:
+            self._run_breakpoint()
         self.persist_due()
         with self._busy:
             for slot in self._slots.values():
@@ -106,6 +121,8 @@ class CheckpointSaver:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         while not self._stop.wait(self._poll_s):
             try:
+                if self._breakpoint is not None:
+                    self._run_breakpoint()
                 self.persist_due()
             except Exception as exc:  # the saver must never take the agent down
                 log.error("checkpoint_saver_error", node_id=self.node_id, error=f"{type(exc).__name__}: {exc}")
@@ -152,21 +169,37 @@ class CheckpointSaver:
                             slot.unlock()
             return written
 
-    def persist_breakpoint(self) -> int:
-        """Persist every complete snapshot newer than the last commit (at a failure)."""
+    def request_breakpoint(self) -> None:
+        """Save at breakpoint, in the background: persist every complete snapshot of the
+        current ranks newer than the last commit (call when workers stop after a failure)."""
         with self._busy:
+            self._breakpoint = tuple(sorted({*(self._breakpoint or ()), *self._ranks}))
+
+    def persist_breakpoint(self) -> int:
+        """Save at breakpoint now, in the caller's thread; return the shards written."""
+        self.request_breakpoint()
+        return self._run_breakpoint()
+
+    def _run_breakpoint(self) -> int:
+        with self._busy:
+            ranks, self._breakpoint = self._breakpoint or (), None
             written = 0
-            for rank in self._ranks:
+            for rank in ranks:
                 for slot, h in reversed(self._candidates(rank, everything=True)):
                     written += bool(self._persist(rank, slot, h))
+                if rank not in self._ranks:
+                    self._drop_rank(rank)
             if written:
                 log.info("checkpoint_breakpoint_saved", node_id=self.node_id, shards=written)
             return written
 
     def flush(self, timeout_s: float = 600.0) -> None:
-        """Block until no flagged snapshot waits (the final checkpoint of a job)."""
+        """Block until no breakpoint save or flagged snapshot waits (the final checkpoint
+        of a job)."""
         deadline = time.monotonic() + timeout_s
-        while self.pending() and time.monotonic() < deadline:
+        while (self._breakpoint is not None or self.pending()) and time.monotonic() < deadline:
+            if self._breakpoint is not None:
+                self._run_breakpoint()
             self.persist_due()
             time.sleep(self._poll_s)
 

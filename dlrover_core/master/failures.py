@@ -35,7 +35,9 @@ def describe(failure: dict[str, Any]) -> str:
         return f"hang ({failure.get('detail', 'no progress')})"
     exc = failure.get("exception")
     if exc:
-        return f"{exc.get('exc_type')}: {exc.get('message')} at step {exc.get('step')}"
+        message = str(exc.get("message"))
+        message = message if len(message) <= 160 else message[:157] + "..."
+        return f"{exc.get('exc_type')}: {message} at step {exc.get('step')}"
     code = failure.get("exit_code")
     return signal_name(code) or f"exit code {code}"
 

@@ -109,6 +109,46 @@ def run(nnodes, nproc_per_node, max_restarts, node_unit, rdzv_conf, monitor_inte
     sys.exit(0 if result.state.value == "SUCCEEDED" else 1)
 
 
+# ----- dlrover status ------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--log-dir", default="dlrover-runs", show_default=True, help="Where the job's run directory is.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def status(job_id: str, log_dir: str, as_json: bool) -> None:
+    """Show a running (or finished) local job: state, step, nodes, restarts, goodput."""
+    import attrs
+
+    from dlrover_core.schedulers.base import JobHandle
+    from dlrover_core.schedulers.local import LocalScheduler
+
+    run_dir = Path(log_dir) / job_id
+    if not (run_dir / "handle.json").exists():
+        raise click.ClickException(f"no job {job_id!r} under {log_dir!r} (see --log-dir)")
+    handle = JobHandle(scheduler="local", job_id=job_id, log_dir=str(run_dir))
+    st = LocalScheduler().status(handle)
+    goodput = st.goodput
+    result = LocalScheduler().result(handle)
+    if not goodput and result is not None:
+        goodput = json.loads((run_dir / "goodput.json").read_text()) if (run_dir / "goodput.json").exists() else {}
+    if as_json:
+        click.echo(json.dumps({**attrs.asdict(st), "state": st.state.value, "goodput": goodput}, indent=2))
+        return
+    console = Console()
+    console.print(f"job {job_id}: [b]{st.state.value}[/b]" + (f" — {st.message}" if st.message else ""))
+    console.print(f"  step {st.step}, nodes {st.nodes}/{st.max_nodes}, restarts {st.restarts}, round {st.round}")
+    if st.metrics:
+        console.print("  metrics: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(st.metrics.items())))
+    if goodput:
+        table = Table(title="goodput timeline (seconds)", title_justify="left")
+        table.add_column("phase")
+        table.add_column("s", justify="right")
+        for key, value in goodput.items():
+            table.add_row(key.removesuffix("_s"), f"{value:.3f}" if key != "goodput" else f"{value:.1%}")
+        console.print(table)
+
+
 # ----- dlrover plugins -----------------------------------------------------------------------
 
 

@@ -146,6 +146,9 @@ class JobStatus:
         round: current rendezvous round (0-based).
         message: a human-readable note (the failure reason, when failed).
         worker_pids: pid of every live worker by global rank (as the agents last reported).
+        goodput: the goodput timeline so far (``goodput``, ``wall_time_s``, ``productive_s``,
+            ``checkpoint_stall_s``, ``restore_s``, ``recomputed_s``, ``detection_s``,
+            ``restart_s``, ``rendezvous_s``, ``startup_s``, ``other_s``).
     """
 
     state: JobState
@@ -157,6 +160,7 @@ class JobStatus:
     round: int = -1
     message: str = ""
     worker_pids: dict[int, int] = attrs.field(factory=dict)
+    goodput: dict[str, float] = attrs.field(factory=dict)
 
 
 class SchedulerBackend(abc.ABC):

@@ -248,6 +248,7 @@ class LocalScheduler(SchedulerBackend):
                 state=JobState(s["state"]), step=s["step"], metrics=s["metrics"], nodes=s["nodes"],
                 max_nodes=s["max_nodes"], restarts=s["restarts"], round=s["round"], message=s["message"],
                 worker_pids={int(r): int(pid) for n in s["node_table"] for r, pid in n["workers"].items()},
+                goodput=s.get("goodput", {}),
             )
         except (httpx.HTTPError, ValueError, KeyError):
             result = self.result(handle)

@@ -144,7 +144,9 @@ class Failure:
         max_restarts: job-wide budget of restarts (all nodes together, not per node).
         hang_timeout_s: no ``report()`` progress for this long counts as a hang (``None``:
             derived from the observed step time).
-        node_check: run the accelerator's node check before training and after failures.
+        node_check: run the accelerator's node check (matmul, all-reduce; in pairs, twice)
+            before training and after failures; a node failing it is excluded and replaced.
+        exclude_stragglers: also exclude nodes the check finds slower than twice the median.
         heartbeat_interval_s: how often agents report to the master.
         heartbeat_timeout_s: an agent silent this long is declared lost (and relaunched).
         max_node_failures: a node whose workers failed first (or that was lost) this many
@@ -158,6 +160,7 @@ class Failure:
     max_restarts: int = 3
     hang_timeout_s: float | None = None
     node_check: bool = False
+    exclude_stragglers: bool = False
     heartbeat_interval_s: float = 0.5
     heartbeat_timeout_s: float = 30.0
     max_node_failures: int = 3
@@ -168,8 +171,9 @@ class Failure:
     def __attrs_post_init__(self) -> None:
         _int_at_least("failure.max_restarts", self.max_restarts, 0)
         _positive_number("failure.hang_timeout_s", self.hang_timeout_s, allow_none=True)
-        if not isinstance(self.node_check, bool):
-            raise JobSpecError("failure.node_check", self.node_check, "True or False")
+        for name in ("node_check", "exclude_stragglers"):
+            if not isinstance(getattr(self, name), bool):
+                raise JobSpecError(f"failure.{name}", getattr(self, name), "True or False")
         _positive_number("failure.heartbeat_interval_s", self.heartbeat_interval_s)
         _positive_number("failure.heartbeat_timeout_s", self.heartbeat_timeout_s)
         if self.heartbeat_timeout_s <= self.heartbeat_interval_s:

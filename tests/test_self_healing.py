@@ -169,3 +169,19 @@ def test_killed_master_comes_back_from_its_journal(tmp_path):
     assert json.loads((Path(run.handle.log_dir) / "handle.json").read_text())["master_restarts"] == 1
     assert (Path(result.log_dir) / "goodput.json").exists()
     assert job_processes(result.job_id) == []
+
+
+@pytest.mark.timeout(300)
+def test_node_check_excludes_a_faulty_node_before_training(tmp_path, monkeypatch):
+    """With Failure(node_check=True) the nodes check each other in pairs before training; the
+    node whose device check fails (twice) is excluded and replaced, then training runs."""
+    monkeypatch.setenv("DLROVER_NODE_CHECK_FAULT_NODE", "1")
+    result = job(tmp_path, "tiny_train.py", "--steps", "20", node_check=True).run(progress=False)
+    assert result.state == JobState.SUCCEEDED, result.reason
+    ev = events(result)
+    finished = [e for e in ev if e["kind"] == "node_check_finished"]
+    assert finished[0]["faulty"] == [1]
+    assert [e["node_id"] for e in ev if e["kind"] == "node_excluded"] == [1]
+    assert finished[-1]["faulty"] == [] and sorted(finished[-1]["best_s"]) == ["0", "2"]
+    rounds = [e for e in ev if e["kind"] == "rendezvous_completed"]
+    assert rounds[0]["node_ids"] == [0, 2]

@@ -20,6 +20,7 @@ The agent removes the node's segments when it exits, and stale ones of its job w
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -169,11 +170,46 @@ class ElasticAgent:
                 return None
             if answer["state"] == "rejoin":
                 self.client.call("join", {"node_id": self.node_id, "nproc": self.nproc})
+            if answer["state"] == "check":
+                result = self._node_check(answer)
+                self.client.call("node_check", {"node_id": self.node_id, "check_round": answer["check_round"],
+                                                "result": result})
+                continue
             if time.monotonic() > deadline:
                 raise RendezvousError(f"node {self.node_id}: no round formed within nodes.join_timeout_s="
                                       f"{self.job.nodes.join_timeout_s:g} s")
             self._stop.wait(0.02)
         return None
+
+    def _node_check(self, order: dict[str, Any]) -> dict[str, Any]:
+        """Run this node's part of a node check round (a subprocess in the check group)."""
+        env = {**os.environ, "RANK": str(order["group_rank"]), "WORLD_SIZE": str(order["group_size"]),
+               "MASTER_ADDR": str(order["store_host"]), "MASTER_PORT": str(order["store_port"]),
+               "DLROVER_CHECK_PREFIX": order["prefix"], "DLROVER_ACCELERATOR": self.accelerator.name,
+               "DLROVER_NODE_ID": str(self.node_id),
+               **self.accelerator.worker_env(0, 1)}
+        proc = subprocess.Popen([sys.executable, "-m", "dlrover_core.agent.node_check"], env=env, cwd=self.job.workdir,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + order["timeout_s"]
+        stdout = stderr = ""
+        while True:
+            try:
+                stdout, stderr = proc.communicate(timeout=self.job.failure.heartbeat_interval_s)
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() > deadline:
+                    proc.kill()
+                    stdout, stderr = proc.communicate()
+                    break
+                # keep heartbeating while the check runs, or the node looks lost
+                self.client.call("heartbeat", {"node_id": self.node_id, "round": -1, "pid": os.getpid()})
+        lines = [line for line in stdout.splitlines() if line.startswith("{")]
+        result = json.loads(lines[-1]) if lines else {"ok": False, "error": (stderr or "no result")[-500:]}
+        if proc.returncode is None or (time.monotonic() > deadline and not lines):
+            result = {"ok": False, "error": f"timed out after {order['timeout_s']} s"}
+        log.info("node_check_done", node_id=self.node_id, check_round=order["check_round"], group=order["group"],
+                 ok=result.get("ok"), elapsed_s=result.get("elapsed_s"), error=result.get("error"))
+        return result
 
     # ----- one round -----------------------------------------------------------------------
 

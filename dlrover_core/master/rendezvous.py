@@ -15,6 +15,7 @@ rendezvous, re-derived):
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 
@@ -25,21 +26,40 @@ __all__ = ["RendezvousManager", "Round"]
 
 @attrs.frozen(kw_only=True)
 class Round:
-    """A completed round: ``node_ids[i]`` has node rank ``i``; ``nproc[i]`` its workers."""
+    """A completed round: ``node_ids[i]`` has node rank ``i``; ``nproc[i]`` its workers.
+
+    Rank look-ups take constant time (every agent of a 10,000-node round asks for its own):
+    the node ranks and the rank offsets are computed once, when the round is made.
+    """
 
     index: int
     node_ids: tuple[int, ...]
     nproc: tuple[int, ...]
+    _ranks: dict[int, int] = attrs.field(init=False, eq=False, repr=False)
+    _offsets: tuple[int, ...] = attrs.field(init=False, eq=False, repr=False)  # first global rank per node, then the world size
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "_ranks", {node_id: i for i, node_id in enumerate(self.node_ids)})
+        object.__setattr__(self, "_offsets", (0, *itertools.accumulate(self.nproc)))
+
+    def __contains__(self, node_id: object) -> bool:
+        """Whether ``node_id`` is a member of this round."""
+        return node_id in self._ranks
 
     @property
     def world_size(self) -> int:
-        return sum(self.nproc)
+        return self._offsets[-1]
 
     def node_rank(self, node_id: int) -> int:
-        return self.node_ids.index(node_id)
+        """The node rank of ``node_id``; ``ValueError`` when it is not in the round."""
+        try:
+            return self._ranks[node_id]
+        except KeyError:
+            raise ValueError(f"node {node_id} is not in round {self.index}") from None
 
     def rank_offset(self, node_id: int) -> int:
-        return sum(self.nproc[: self.node_rank(node_id)])
+        """The global rank of ``node_id``'s first worker."""
+        return self._offsets[self.node_rank(node_id)]
 
 
 class RendezvousManager:
@@ -75,6 +95,15 @@ class RendezvousManager:
     @property
     def waiting(self) -> list[int]:
         return sorted(self._waiting)
+
+    @property
+    def waiting_count(self) -> int:
+        """How many nodes wait, without sorting them (``len(waiting)``, in constant time)."""
+        return len(self._waiting)
+
+    def is_waiting(self, node_id: int) -> bool:
+        """Whether ``node_id`` waits for the round being formed (``in waiting``, in constant time)."""
+        return node_id in self._waiting
 
     @property
     def last_join(self) -> float:
@@ -118,13 +147,9 @@ class RendezvousManager:
         if not self._waiting:
             self._forming_since = None
 
-    def try_complete(self, live_nodes: int | None = None) -> Round | None:
-        """Complete the round being formed if the rules allow; return it or ``None``.
-
-        Args:
-            live_nodes: how many nodes are alive; when all of them wait the round need not
-                wait for the last call.
-        """
+    def choose(self, live_nodes: int | None = None) -> list[int] | None:
+        """The node ids the round would take now (earliest joiners), or ``None`` if it
+        cannot complete yet. Changes nothing."""
         n = len(self._waiting)
         if n < self.min_nodes:
             return None
@@ -138,7 +163,18 @@ class RendezvousManager:
         take = take // self.node_unit * self.node_unit
         if take < self.min_nodes:
             return None
-        chosen = sorted(self._waiting, key=lambda nid: self._waiting[nid][0])[:take]
+        return sorted(self._waiting, key=lambda nid: self._waiting[nid][0])[:take]
+
+    def try_complete(self, live_nodes: int | None = None) -> Round | None:
+        """Complete the round being formed if the rules allow; return it or ``None``.
+
+        Args:
+            live_nodes: how many nodes are alive; when all of them wait the round need not
+                wait for the last call.
+        """
+        chosen = self.choose(live_nodes)
+        if chosen is None:
+            return None
         node_ids = tuple(sorted(chosen))
         rnd = Round(index=self.next_index, node_ids=node_ids, nproc=tuple(self._waiting[n][1] for n in node_ids))
         for nid in node_ids:

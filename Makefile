@@ -22,7 +22,14 @@ demo: setup
 	$(PY) examples/charlm/run.py --steps 300 --chaos --result-json results/demo.json
 
 test: setup
+	$(PY) -m ruff check dlrover_core plugins tests examples
 	$(PY) -m pytest
+
+lint: setup
+	$(PY) -m ruff check dlrover_core plugins tests examples benchmarks
+
+bench: setup
+	$(PY) benchmarks/checkpoint.py --quick
 
 clean:
 	rm -rf $(VENV) dlrover-runs results .pytest_cache

@@ -83,10 +83,10 @@ def worker_kills(tmp: Path, seed: int, kills: int) -> dict:
     floor = None
     try:
         for i in range(kills):
-            _wait(lambda: (s := run.status()).restarts == i and s.step >= 3 and len(s.worker_pids) == 2, 120,
+            _wait(lambda i=i: (s := run.status()).restarts == i and s.step >= 3 and len(s.worker_pids) == 2, 120,
                   f"training before kill {i}")
             start = run.status().step
-            _wait(lambda: run.status().step >= start + 2, 60, "two more steps")
+            _wait(lambda start=start: run.status().step >= start + 2, 60, "two more steps")
             time.sleep(rng.uniform(0.0, 0.06))
             rank = rng.randrange(2)
             os.kill(run.status().worker_pids[rank], signal.SIGKILL)

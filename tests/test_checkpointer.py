@@ -60,7 +60,7 @@ def test_restore_into_objects_and_rng(tmp_path):
     restored = Checkpointer(str(tmp_path)).load({"model": model2, "optimizer": opt2, "data": pos2})
     assert restored.step == 3 and restored.source == "storage"
     assert pos2.index == 42
-    for a, b in zip(model.parameters(), model2.parameters()):
+    for a, b in zip(model.parameters(), model2.parameters(), strict=True):
         assert torch.equal(a, b)
     assert torch.equal(opt2.state_dict()["state"][0]["momentum_buffer"], opt.state_dict()["state"][0]["momentum_buffer"])
     assert torch.equal(torch.rand(3), expected[0]) and random.random() == expected[1] and np.random.rand() == expected[2]

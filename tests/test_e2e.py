@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers import ROOT, SCRIPTS, job_processes, shm_entries
 
 from dlrover_core import Checkpoint, Failure, Job, JobState, Nodes
-
-from helpers import ROOT, SCRIPTS, job_processes, shm_entries
 
 pytestmark = pytest.mark.slow
 EXAMPLE = ROOT / "examples" / "charlm" / "run.py"

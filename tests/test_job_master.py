@@ -7,8 +7,8 @@ import json
 import pytest
 
 from dlrover_core import Failure, Job, JobState, Nodes
-from dlrover_core.master.goodput import GoodputTracker
 from dlrover_core.master.failures import signal_name
+from dlrover_core.master.goodput import GoodputTracker
 from dlrover_core.master.job_master import JobMaster
 
 

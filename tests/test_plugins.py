@@ -14,7 +14,6 @@ from dlrover_core.cli import main as cli
 from dlrover_core.plugins import PluginHost, get_host
 from dlrover_core.storage.posix import PosixStorage
 
-
 GOOD = """
     from dlrover_core import hookimpl
     from dlrover_core.storage.posix import PosixStorage

@@ -484,5 +484,5 @@ def _as_dtensors(value: Any, target: Any) -> Any:
     if isinstance(value, dict) and isinstance(target, dict):
         return {k: _as_dtensors(v, target.get(k)) for k, v in value.items()}
     if isinstance(value, (list, tuple)) and isinstance(target, (list, tuple)) and len(value) == len(target):
-        return type(value)(_as_dtensors(v, t) for v, t in zip(value, target))
+        return type(value)(_as_dtensors(v, t) for v, t in zip(value, target, strict=True))
     return value

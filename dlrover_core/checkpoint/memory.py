@@ -11,7 +11,6 @@ being written is always intact.
 from __future__ import annotations
 
 import contextlib
-
 from collections.abc import Iterator
 from typing import Any
 

@@ -20,7 +20,6 @@ from pathlib import Path
 from dlrover_core import env
 from dlrover_core.logging import configure, get_logger
 
-
 #: Seconds between journal writes (what a restarted master can lose of its state).
 _JOURNAL_S = 0.5
 

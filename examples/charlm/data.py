@@ -11,7 +11,6 @@ from pathlib import Path
 
 import torch
 
-
 _SKIP_DIRS = {"site-packages", "test", "tests", "encodings", "idlelib", "pydoc_data", "__pycache__"}
 
 

@@ -30,6 +30,16 @@ ROOT = HERE.parent
 CHARLM = ROOT / "examples" / "charlm"
 TORCHRUN_SCRIPT = HERE / "_recovery_torchrun_train.py"
 
+# Runs before torchrun: SIGTERM it when the benchmark dies (PR_SET_PDEATHSIG = 1), or exit at
+# once if the benchmark is already gone. A tiny interpreter start instead of preexec_fn, which
+# is unsafe in a process with threads. (torchrun stops its workers on SIGTERM.)
+_PDEATHSIG_EXEC = (
+    "import ctypes,os,signal,sys;"
+    "ctypes.CDLL(None,use_errno=True).prctl(1,signal.SIGTERM,0,0,0);"
+    "os.getppid()==int(sys.argv[1]) or os._exit(1);"
+    "os.execvp(sys.argv[2],sys.argv[2:])"
+)
+
 
 def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
@@ -89,23 +99,23 @@ class FaultInjector(threading.Thread):
         self._anchor = anchor
         self._victim = victim
         self._poll_s = poll_s
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self.kills: list[dict[str, Any]] = []
         self.t0: float | None = None
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=5)
 
     def run(self) -> None:
-        while self.t0 is None and not self._stop.wait(self._poll_s):
+        while self.t0 is None and not self._halt.wait(self._poll_s):
             with contextlib.suppress(Exception):
                 self.t0 = self._anchor()
         for fault in self.schedule:
             due = self.t0 + fault["offset_s"]
-            while not self._stop.is_set() and time.time() < due:
-                self._stop.wait(min(self._poll_s * 5, max(0.0, due - time.time())))
-            while not self._stop.is_set():
+            while not self._halt.is_set() and time.time() < due:
+                self._halt.wait(min(self._poll_s * 5, max(0.0, due - time.time())))
+            while not self._halt.is_set():
                 found = None
                 with contextlib.suppress(Exception):
                     found = self._victim(fault["rank"])
@@ -118,8 +128,8 @@ class FaultInjector(threading.Thread):
                     self.kills.append({**fault, "t_kill": t_kill, "pid": found[0], "incarnation": found[1],
                                        "late_s": round(t_kill - due, 3)})
                     break
-                self._stop.wait(self._poll_s)
-            if self._stop.is_set():
+                self._halt.wait(self._poll_s)
+            if self._halt.is_set():
                 return
 
 
@@ -175,20 +185,37 @@ def lineage(records: list[dict[str, Any]]) -> dict[str, float]:
 
 def kill_to_next_step(kills: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """For each kill: seconds until the first step completed by a later incarnation (the
-    restarted workers), and whether it is a clean sample (training had recovered from the
-    previous kill before this one, and no other kill came before the next step)."""
+    restarted workers); ``uninterrupted`` when that step came before the next kill (a kill
+    whose recovery another kill cut short measures nothing); ``during_recovery`` when the
+    previous kill's workers had not completed a step yet."""
     steps = [r for r in records if r.get("type") == "step"]
     out = []
     prev_next: float | None = None
     for i, k in enumerate(kills):
         nxt = next((r["t"] for r in steps if r["inc"] > k["incarnation"] and r["t"] > k["t_kill"]), None)
         later = kills[i + 1]["t_kill"] if i + 1 < len(kills) else None
-        clean = (nxt is not None and (later is None or nxt < later)
-                 and (i == 0 or (prev_next is not None and prev_next < k["t_kill"])))
-        out.append({"t_kill": k["t_kill"], "rank": k["rank"], "next_step_s": None if nxt is None else nxt - k["t_kill"],
-                    "clean": clean})
+        out.append({"t_kill": k["t_kill"], "rank": k["rank"], "incarnation": k["incarnation"],
+                    "next_step_s": None if nxt is None else nxt - k["t_kill"],
+                    "uninterrupted": nxt is not None and (later is None or nxt < later),
+                    "during_recovery": i > 0 and (prev_next is None or prev_next > k["t_kill"])})
         prev_next = nxt
     return out
+
+
+def torchrun_breakdown(kill: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Where a torchrun restart's time went, from rank 0's records (seconds from the kill)."""
+    after = [r for r in records if r["inc"] > kill["incarnation"]]
+    start = next((r for r in after if r.get("type") == "start"), None)
+    restore = next((r for r in after if r.get("type") in ("restore", "fresh")), None)
+    step = next((r for r in after if r.get("type") == "step"), None)
+    t = kill["t_kill"]
+    return {
+        "new_script_start": None if start is None else start["t_proc"] - t,
+        "torch_imported": None if start is None else start["t_import"] - t,
+        "process_group": None if start is None else start["t_init"] - t,
+        "restored": None if restore is None else restore["t"] - t,
+        "first_step": None if step is None else step["t"] - t,
+    }
 
 
 class EventTail(threading.Thread):
@@ -204,7 +231,7 @@ class EventTail(threading.Thread):
         super().__init__(name="recovery-events", daemon=True)
         self.path = Path(log_dir) / "events.jsonl"
         self._poll_s = poll_s
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._offset = 0
         self._partial = b""
         self.events: list[dict[str, Any]] = []
@@ -212,9 +239,9 @@ class EventTail(threading.Thread):
         self.start()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             self._read()
-            self._stop.wait(self._poll_s)
+            self._halt.wait(self._poll_s)
         self._read()
 
     def _read(self) -> None:
@@ -237,7 +264,7 @@ class EventTail(threading.Thread):
                 self.events.append(ev)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(timeout=5)
 
     def wall(self, ev: dict[str, Any]) -> float:
@@ -325,6 +352,7 @@ class TorchrunSide:
             "--steps", str(steps), "--ckpt-every", str(ckpt_every), "--ckpt-dir", str(self.ckpt_dir),
             "--out-dir", str(self.out_dir), "--store", store, "--pg-timeout-s", str(pg_timeout_s), "--seed", str(seed),
         ]
+        self.nproc = nproc
         self.popen: subprocess.Popen | None = None
         self.t_launch: float | None = None
         self.t_exit: float | None = None
@@ -336,8 +364,9 @@ class TorchrunSide:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         with open(self.log_file, "ab") as log:
             self.t_launch = time.time()
-            self.popen = subprocess.Popen(self.argv, env=env, cwd=str(ROOT), stdin=subprocess.DEVNULL, stdout=log,
-                                          stderr=subprocess.STDOUT, start_new_session=True)
+            shim = [sys.executable, "-S", "-c", _PDEATHSIG_EXEC, str(os.getpid())] if sys.platform == "linux" else []
+            self.popen = subprocess.Popen([*shim, *self.argv], env=env, cwd=str(ROOT), stdin=subprocess.DEVNULL,
+                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
     @property
     def pid(self) -> int:
@@ -354,6 +383,14 @@ class TorchrunSide:
         except (FileNotFoundError, ValueError):
             return None
         return (int(info["pid"]), int(info["restart"])) if alive(int(info["pid"])) else None
+
+    def training_victim(self, rank: int) -> tuple[int, int] | None:
+        """Like :meth:`victim`, but only once that worker's incarnation has completed a step
+        (so a restart that hangs is seen as such, not hidden by the next kill)."""
+        found = self.victim(rank)
+        if found is None or not any(r.get("type") == "step" and r["inc"] == found[1] for r in self.records(0)):
+            return None
+        return found
 
     def anchor(self) -> float | None:
         return first_step_t(self.records(0))
@@ -394,10 +431,10 @@ class TorchrunSide:
                 kill_tree(found[0], grace_s=1.0)
 
     def restarts(self) -> dict[str, Any]:
-        """Restarts torchrun made, and those whose workers never completed a step though
-        no fault was injected into them (failed or hung restarts)."""
-        starts = [r for r in self.records(0) if r.get("type") == "start"]
-        incs = sorted({r["restart"] for r in starts})
+        """Restarts torchrun made (the worker scripts' ``launch`` records), and those whose
+        workers never completed a step (the caller leaves out those it killed itself)."""
+        launches = [r for rank in range(self.nproc) for r in self.records(rank) if r.get("type") == "launch"]
+        incs = sorted({r["restart"] for r in launches})
         stepped = {r["inc"] for r in self.records(0) if r.get("type") == "step"}
         return {"restarts": max(incs, default=0), "incarnations": incs,
                 "incarnations_without_a_step": [i for i in incs if i not in stepped]}

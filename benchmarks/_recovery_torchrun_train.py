@@ -18,6 +18,7 @@ plain`` uses ``init_method="env://"`` as most scripts do (to show the trap).
 
 Every rank appends JSON lines to ``<out-dir>/rank<r>.jsonl`` (``t``: ``time.time()``):
 
+* ``launch``: ``restart``, ``pid`` (first thing the script does);
 * ``start``: ``restart``, ``pid``, ``t_proc`` (first line of this file), ``t_import`` (torch
   imported), ``t_init`` (process group ready);
 * ``restore``: ``step`` loaded, ``load_s``, ``t``; ``fresh`` when there was nothing to load;
@@ -99,6 +100,7 @@ def main(argv=None) -> int:
     _write_atomic(out / f"pid_rank{RANK}.json",
                   json.dumps({"pid": os.getpid(), "restart": RESTART, "t": T_PROC}).encode())
     log = _Log(out / f"rank{RANK}.jsonl")
+    log.write(type="launch", restart=RESTART, pid=os.getpid(), t=T_PROC)
 
     import torch
     import torch.distributed as dist

@@ -12,8 +12,9 @@ Workers are stopped by SIGTERM to their whole process tree, then SIGKILL after
 ``Failure.stop_grace_s``. SIGTERM/SIGINT to the agent is forwarded the same way.
 
 The agent hosts the node's :class:`~dlrover_core.checkpoint.saver.CheckpointSaver`: the
-workers' shared-memory snapshots outlive them, are persisted in the background, and at a
-failure the newest ones are persisted before the workers restart ("save at breakpoint").
+workers' shared-memory snapshots outlive them and are persisted in the background; after a
+failure the newest ones are persisted too ("save at breakpoint") unless the restarted
+workers restore from memory within ``_BREAKPOINT_GRACE_S``.
 The agent removes the node's segments when it exits, and stale ones of its job when it starts.
 """
 
@@ -49,6 +50,9 @@ log = get_logger()
 _POLL_S = 0.05
 #: Least time a worker gets before its first report before it counts as hung (seconds).
 _STARTUP_S = 300.0
+#: After a failure, how long restarted workers get to restore before the agent persists
+#: the snapshots held in memory anyway (seconds).
+_BREAKPOINT_GRACE_S = 10.0
 
 
 class ElasticAgent:
@@ -94,6 +98,7 @@ class ElasticAgent:
         self._signal: int | None = None
         self._shm_prefix = f"dlrover-{job_id}-n{node_id}-"
         self._standbys: list[Standby] = []
+        self._breakpoint_due: float | None = None  # monotonic deadline of a pending breakpoint save
         self.saver = None
         if storage is not None:
             self.saver = CheckpointSaver(job_id=job_id, node_id=node_id, storage=storage,
@@ -141,6 +146,8 @@ class ElasticAgent:
                 standby.close()
             self._standbys = []
             if self.saver is not None:
+                if self._breakpoint_due is not None:  # the job ends before workers came back
+                    self.saver.request_breakpoint()
                 self.saver.stop()
             removed = remove_segments(self._shm_prefix)
             log.debug("segments_removed", node_id=self.node_id, count=len(removed))
@@ -168,6 +175,7 @@ class ElasticAgent:
                 return answer
             if answer["state"] == "stop":
                 return None
+            self._breakpoint_tick(restored=False)
             if answer["state"] == "rejoin":
                 self.client.call("join", {"node_id": self.node_id, "nproc": self.nproc})
             if answer["state"] == "check":
@@ -333,9 +341,21 @@ class ElasticAgent:
             self.workers = []
 
     def _save_at_breakpoint(self) -> None:
-        """Workers stopped after a failure: persist, in the background, every complete
-        snapshot newer than the last commit."""
-        if self.saver is not None:
+        """Workers stopped after a failure: arrange to persist every complete snapshot newer
+        than the last commit ("save at breakpoint") — unless the restarted workers restore
+        within ``_BREAKPOINT_GRACE_S``: they restore from memory and go on saving (and
+        persisting on schedule), and the persist would only slow that restore down. If they
+        do not come back in time, or the job ends, the snapshots are persisted then."""
+        if self.saver is not None and self._breakpoint_due is None:
+            self._breakpoint_due = time.monotonic() + _BREAKPOINT_GRACE_S
+
+    def _breakpoint_tick(self, restored: bool) -> None:
+        if self._breakpoint_due is None or self.saver is None:
+            return
+        if restored:
+            self._breakpoint_due = None
+        elif time.monotonic() > self._breakpoint_due:
+            self._breakpoint_due = None
             self.saver.request_breakpoint()
 
     def _drain(self) -> tuple[dict[int, int], list[dict[str, Any]]]:
@@ -372,8 +392,9 @@ class ElasticAgent:
             hung = self._hung()
             if hung:
                 return self._on_hang(round_index, hung)
-            if (self.job.failure.warm_restart and len(self._standbys) < self.nproc
-                    and all(t.last_step >= 0 for t in self._tails.values())):
+            started = all(t.last_step >= 0 for t in self._tails.values())
+            self._breakpoint_tick(restored=started)
+            if self.job.failure.warm_restart and len(self._standbys) < self.nproc and started:
                 self._fill_standbys()  # workers are past their start: prepare the next ones
             if not reported_success and all(c == 0 for _, c in codes):
                 for w in self.workers:

@@ -43,7 +43,7 @@ from dlrover_core.checkpoint.layout import DTENSORS_KEY, TREE_KEY, build_layout,
 from dlrover_core.checkpoint.memory import MemorySnapshots, ShmTooSmall
 from dlrover_core.checkpoint.rng import get_rng_state, set_rng_state
 from dlrover_core.checkpoint.saver import shard_path, step_dir
-from dlrover_core.checkpoint.state_format import unflatten
+from dlrover_core.checkpoint.state_format import unflatten, unwrap_module
 from dlrover_core.errors import CheckpointError
 from dlrover_core.logging import get_logger
 from dlrover_core.storage.base import CheckpointStorage
@@ -404,6 +404,7 @@ def _restore(tree: Any, tensors: dict[str, Any], targets: dict[str, Any] | None,
         if key not in saved:
             raise CheckpointError(f"checkpoint has no entry {key!r} (it has: {', '.join(map(str, saved))})")
         value = saved[key]
+        target = unwrap_module(target)
         if isinstance(target, torch.nn.Module):
             if not _copy_into_module(target, value):
                 target.load_state_dict(_as_dtensors(value, target.state_dict()))

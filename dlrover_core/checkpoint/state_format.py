@@ -61,13 +61,28 @@ def flatten(state: Any) -> tuple[Any, dict[str, Any]]:
         if isinstance(obj, list):
             return [walk(v, f"{path}/{i}") for i, v in enumerate(obj)]
         if hasattr(obj, "state_dict") and callable(obj.state_dict):
-            return walk(obj.state_dict(), path)
+            return walk(unwrap_module(obj).state_dict(), path)
         raise CheckpointError(
             f"cannot checkpoint {path or 'state'}: type {type(obj).__module__}.{type(obj).__qualname__} "
             "is not a tensor, array, number, string, None, dict, list, tuple or object with state_dict()"
         )
 
     return walk(state, ""), leaves
+
+
+def unwrap_module(obj: Any) -> Any:
+    """The module inside a ``DistributedDataParallel`` wrapper (else ``obj`` itself), so
+    that a checkpoint's keys do not depend on whether the world that saved it had one
+    process (no wrapper) or many (keys prefixed ``module.``)."""
+    ddp = _ddp_type()
+    return obj.module if ddp is not None and isinstance(obj, ddp) else obj
+
+
+def _ddp_type() -> Any:
+    import sys
+
+    parallel = sys.modules.get("torch.nn.parallel")  # only loaded torch can have wrapped a model
+    return getattr(parallel, "DistributedDataParallel", None) if parallel is not None else None
 
 
 def unflatten(tree: Any, tensors: dict[str, Any]) -> Any:

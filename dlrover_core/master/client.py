@@ -13,13 +13,19 @@ from dlrover_core.retry import rpc_retrying
 
 __all__ = ["MasterClient"]
 
+#: The longest the master holds an answer to ``poll`` while the round is still forming
+#: (seconds; ``MasterServer`` holds it for ``Failure.heartbeat_interval_s`` at most this).
+#: A poll's timeout is the client's timeout plus this.
+POLL_HOLD_MAX_S = 3.0
+
 
 class MasterClient:
     """Calls the master's ``/v1/*`` endpoints; each call has a timeout and a bounded retry.
 
     Args:
         addr: ``host:port`` of the master.
-        timeout_s: per-request timeout.
+        timeout_s: per-request timeout (seconds); a ``poll``, which the master may hold,
+            gets :data:`POLL_HOLD_MAX_S` more.
         retrying: factory of the retry policy (default :func:`dlrover_core.retry.rpc_retrying`).
 
     Raises (from :meth:`call`):
@@ -36,6 +42,7 @@ class MasterClient:
     ) -> None:
         self.addr = addr
         self._http = httpx.Client(base_url=f"http://{addr}", timeout=timeout_s)
+        self._poll_timeout = httpx.Timeout(timeout_s + POLL_HOLD_MAX_S)
         self._retrying = retrying
 
     def call(self, name: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -50,6 +57,8 @@ class MasterClient:
     def _once(self, name: str, body: dict[str, Any] | None) -> dict[str, Any]:
         if body is None:
             response = self._http.get(f"/v1/{name}")
+        elif name == "poll":
+            response = self._http.post("/v1/poll", json=body, timeout=self._poll_timeout)
         else:
             response = self._http.post(f"/v1/{name}", json=body)
         if response.status_code >= 500:

@@ -1,15 +1,22 @@
-"""dlrover-core worker for ``recovery.py``'s restore-latency experiment.
+"""dlrover-core worker for ``recovery.py``'s restore-latency and re-rendezvous experiments.
 
-Trains the char LM (``examples/charlm``) and carries extra buffers so that each rank's
-checkpointed state totals ``--state-mib`` (16 float32 buffers in a module, plus the model,
-optimizer and sampler), saved with ``train.Checkpointer`` every step to memory. The state is
-allocated and touched before ``Checkpointer.load`` (as a model is initialised before it is
-loaded), and after ``load`` returns each process appends one JSON line to
+Trains the char LM (``examples/charlm``: same model and batch as ``train.py``) and, with
+``--state-mib N``, carries extra buffers (16 float32 buffers in a module) so that each rank's
+checkpointed state is N MiB plus the model, optimizer and sampler; saved with
+``train.Checkpointer`` (every step to memory with the Job's default ``memory_every_steps=1``).
+
+The model is saved unwrapped (``model.module`` under DDP), so a checkpoint taken at one world
+size loads at another: ``train.prepare`` wraps the model in DDP only when the world has more
+than one process, and the two state dicts' keys differ (``module.`` prefix).
+
+The state is allocated and touched before ``Checkpointer.load`` (as a model is initialised
+before it is loaded), and after ``load`` returns each process appends one JSON line to
 ``<out-dir>/rank<r>.jsonl``:
 
-``{"rank", "round", "pid", "t_proc", "t_import", "t_init", "t_state", "t_load_start",
-"t_load_end", "source", "step", "load_s"}`` — wall-clock ``time.time()`` values: first line
-of this script, torch imported, process group ready, state allocated, ``load`` called,
+``{"rank", "round", "pid", "t_proc", "t_import", "t_init", "t_data", "t_model", "t_state",
+"t_load_start", "t_load_end", "source", "step", "load_s"}`` — wall-clock ``time.time()``
+values: first line of this script, torch imported, process group ready, corpus loaded,
+model and optimizer built (``train.prepare``), extra buffers allocated, ``load`` called,
 ``load`` returned. ``load_s`` is the Checkpointer's own figure (it also logs
 ``checkpoint_restored``).
 """
@@ -50,23 +57,32 @@ class Ballast(torch.nn.Module):
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--state-mib", type=int, default=1024)
+    p.add_argument("--state-mib", type=int, default=0, help="extra buffers per rank (0: none)")
     p.add_argument("--out-dir", required=True)
     p.add_argument("--max-bytes", type=int, default=500_000, help="corpus bytes (the data barely matters here)")
+    p.add_argument("--synthetic-data", action="store_true",
+                   help="random bytes instead of the standard library's sources (skips reading ~1000 files)")
     a = p.parse_args(argv)
 
     info = train.init()
     t_init = time.time()
-    train_data, _ = load_corpus(None, a.max_bytes)
+    if a.synthetic_data:
+        train_data = torch.randint(0, 256, (a.max_bytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    else:
+        train_data, _ = load_corpus(None, a.max_bytes)
+    t_data = time.time()
     torch.manual_seed(0)
     model, optimizer = train.prepare(CharLM(block_size=64), lr=3e-3, weight_decay=0.01)
     sampler = WindowSampler(train_data, block_size=64, batch_size=16, rank=info.rank, world_size=info.world_size,
                             seed=0)
-    ballast = Ballast(a.state_mib * 2**20, info.rank)
+    state = {"model": getattr(model, "module", model), "optimizer": optimizer, "sampler": sampler}
+    t_model = time.time()
+    ballast = Ballast(a.state_mib * 2**20, info.rank) if a.state_mib else None
+    if ballast is not None:
+        state["ballast"] = ballast
     t_state = time.time()
 
     ckpt = train.Checkpointer()
-    state = {"model": model, "optimizer": optimizer, "sampler": sampler, "ballast": ballast}
     t_load_start = time.time()
     restored = ckpt.load(state)
     t_load_end = time.time()
@@ -75,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(out / f"rank{info.rank}.jsonl", "a") as f:
         f.write(json.dumps({
             "rank": info.rank, "round": info.round, "pid": os.getpid(), "t_proc": T_PROC, "t_import": T_IMPORT,
-            "t_init": t_init, "t_state": t_state, "t_load_start": t_load_start, "t_load_end": t_load_end,
+            "t_init": t_init, "t_data": t_data, "t_model": t_model, "t_state": t_state, "t_load_start": t_load_start, "t_load_end": t_load_end,
             "source": restored.source if restored else "fresh", "step": restored.step if restored else None,
             "load_s": restored.load_s if restored else None,
         }) + "\n")
@@ -86,8 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        with torch.no_grad():
-            ballast.b0[step % ballast.b0.numel()] += 1.0  # the state changes every step
+        if ballast is not None:
+            with torch.no_grad():
+                ballast.b0[step % ballast.b0.numel()] += 1.0  # the state changes every step
         train.report(step, loss=loss)
         ckpt.save(step, state)
     return 0

@@ -1,4 +1,5 @@
-"""The ``dlrover`` command line: ``dlrover run`` (torchrun-compatible) and ``dlrover plugins``."""
+"""The ``dlrover`` command line: ``dlrover run`` (torchrun-compatible), ``dlrover status``,
+``dlrover plugins`` and ``dlrover doctor``."""
 
 from __future__ import annotations
 
@@ -178,6 +179,37 @@ def plugins_list(as_json: bool) -> None:
         table.add_row(i["name"], i["distribution"] or "", i["version"] or "", hooks, backends,
                       "\n".join(i["errors"]), style="red" if i["errors"] else None)
     Console().print(table)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def doctor(as_json: bool) -> None:
+    """Probe every installed accelerator: what was found, what was not and why, and which
+    one accelerator="auto" picks."""
+    from dlrover_core.doctor import diagnose
+
+    diagnosis = diagnose()
+    if as_json:
+        click.echo(json.dumps(diagnosis.to_dict(), indent=2))
+        return
+    table = Table(title="dlrover doctor: accelerators (highest priority first)")
+    for col in ("accelerator", "package", "devices", "model, memory, versions", "health", "why not available"):
+        table.add_column(col, overflow="fold")
+    for p in diagnosis.probes:
+        r = p.report
+        if r.present:
+            detail = ", ".join(x for x in (r.model, f"{r.memory_mb} MiB" if r.memory_mb else None,
+                                           f"driver {r.driver_version}" if r.driver_version else None,
+                                           f"runtime {r.runtime_version}" if r.runtime_version else None) if x)
+            health = " ".join("ok" if h else "UNHEALTHY" for h in r.healthy)
+            table.add_row(p.name, p.distribution or "built in", str(r.count), detail, health, "")
+        else:
+            table.add_row(p.name, p.distribution or "built in", "0", "", "", r.reason or "", style="dim")
+    for name, package in sorted(diagnosis.not_installed.items()):
+        table.add_row(name, "", "", "", "", f"not installed: pip install {package}", style="dim")
+    console = Console(width=max(Console().width, 120))
+    console.print(table)
+    console.print(diagnosis.summary())
 
 
 if __name__ == "__main__":  # pragma: no cover

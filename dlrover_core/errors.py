@@ -69,11 +69,22 @@ class PluginNotFoundError(PluginError, LookupError):
         self.name = name
         self.known = sorted(known)
         hint = ", ".join(self.known) or "none"
-        super().__init__(
-            f"unknown {kind} {name!r}; known {kind}s: {hint}. "
-            f"Install the plugin that provides it (pip install dlrover-plugin-<name>) "
-            f"or check `dlrover plugins list`."
-        )
+        package = KNOWN_PLUGIN_PACKAGES.get((kind, name))
+        fix = (f"it is provided by the plugin package {package}: pip install {package}" if package else
+               "install the plugin that provides it (pip install dlrover-plugin-<name>)")
+        super().__init__(f"unknown {kind} {name!r}; known {kind}s: {hint}. {fix}, then check `dlrover plugins list`.")
+
+
+#: Backends provided by this project's own plugin packages, by ``(kind, name)``: the package
+#: an error names when one is asked for but not installed.
+KNOWN_PLUGIN_PACKAGES: dict[tuple[str, str], str] = {
+    ("accelerator", "cuda"): "dlrover-plugin-cuda",
+    ("accelerator", "ascend"): "dlrover-plugin-ascend",
+    ("accelerator", "ppu"): "dlrover-plugin-ppu",
+    ("scheduler", "slurm"): "dlrover-plugin-slurm",
+    ("scheduler", "k8s"): "dlrover-plugin-k8s",
+    ("optimizer", "agd"): "dlrover-plugin-optim-agd",
+}
 
 
 class DeviceError(DLRoverError):

@@ -334,8 +334,13 @@ class Job:
     def _check_name(field: str, name: str, kind: str) -> None:
         known = _known(kind)
         if name not in known:
-            raise JobSpecError(field, name, f"one of the registered {kind}s: {', '.join(known) or 'none'} "
-                                            f"(install the plugin that provides {name!r}?)")
+            from dlrover_core.errors import KNOWN_PLUGIN_PACKAGES
+
+            package = KNOWN_PLUGIN_PACKAGES.get((kind, name))
+            fix = (f"pip install {package} (the plugin package that provides {name!r})" if package else
+                   f"install the plugin that provides {name!r}")
+            raise JobSpecError(field, name, f"one of the registered {kind}s: {', '.join(known) or 'none'}; "
+                                            f"or {fix}")
 
     # ----- serialization ---------------------------------------------------------------
 

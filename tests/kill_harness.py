@@ -109,8 +109,10 @@ def worker_kills(tmp: Path, seed: int, kills: int) -> dict:
 
 def agent_kill(tmp: Path, seed: int) -> dict:
     """One 2-node job; SIGKILL one node's agent (its workers die with it) at a random moment.
-    Storage must hold a whole committed step; the job fails (the node is gone), leaving no
-    process and no shared memory behind."""
+    Storage must hold a whole committed step; the master relaunches the node and the job
+    trains on in a later round with both nodes, past the step of the kill, on the one
+    restart of its budget (the node loss and its consequence on the survivor are one failure);
+    cancelled then, it leaves no process and no shared memory behind."""
     rng = random.Random(seed)
     shm_before = shm_entries()
     run = _job(tmp, f"akill{seed}", nodes=2, max_restarts=1, heartbeat_timeout_s=2.0).submit()
@@ -120,12 +122,23 @@ def agent_kill(tmp: Path, seed: int) -> dict:
         before = PosixStorage(str(tmp / "ck")).latest_step()
         handle = json.loads((Path(run.handle.log_dir) / "handle.json").read_text())
         node = rng.randrange(2)
+        step_at_kill = run.status().step
         os.kill(handle["agents"][f"node-{node}"], signal.SIGKILL)
-        result = run.wait(progress=False, timeout_s=120)
+
+        def recovered() -> bool:
+            s = run.status()
+            assert not s.state.is_terminal, f"job ended: {s.state} {s.message}"
+            return s.round >= 1 and s.nodes == 2 and s.step > step_at_kill + 3
+
+        _wait(recovered, 120, "the job to recover with a relaunched node")
+        assert run.status().restarts == 1
     finally:
         run.cancel()
+    result = run.wait(progress=False, timeout_s=60)
     committed = check_storage(tmp / "ck", before)
-    assert result.state == JobState.FAILED and "lost" in result.reason, result.reason
+    assert result.state == JobState.CANCELLED, result.reason
+    events = [json.loads(line) for line in (Path(result.log_dir) / "events.jsonl").read_text().splitlines()]
+    assert any(e["kind"] == "node_relaunched" and e["node_id"] == node for e in events)
     assert job_processes(result.job_id) == []
     assert shm_entries() - shm_before == set()
     return {"seed": seed, "node": node, "committed_before": before, "committed": committed}

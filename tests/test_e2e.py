@@ -51,7 +51,9 @@ def test_sigkilled_worker_resumes_from_last_commit_bit_exact(tmp_path):
     restore_at = next(i for i, e in enumerate(events) if e["kind"] == "checkpoint_restored")
     committed = [e["step"] for e in events[:restore_at] if e["kind"] == "checkpoint_committed"]
     assert failure["restored_from"] == "memory"
-    assert max(committed) <= failure["restored_step"] <= failure["step"]
+    # The newest snapshot every rank holds may be one step past the last step reported (a
+    # rank snapshots step k+1 before reporting it); the bit-exact check below proves it whole.
+    assert max(committed) <= failure["restored_step"] <= failure["step"] + 1
     restore = events[restore_at]
     assert restore["source"] == "memory" and restore["load_s"] < 5
     assert killed["final_params_sha256"] == clean["final_params_sha256"] is not None

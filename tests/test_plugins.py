@@ -42,7 +42,7 @@ def site(tmp_path, monkeypatch):
 
 def test_builtins_register_through_hooks():
     """cpu, local, posix, adamw/adam/sgd and ddp come from built-in plugins like any other."""
-    regs = get_host().registries
+    regs = PluginHost(load_entry_points=False).registries
     assert regs.accelerator.names() == ["cpu"]
     assert regs.scheduler.names() == ["local"]
     assert regs.storage.names() == ["posix"]

@@ -1,5 +1,5 @@
-"""The ``dlrover`` command line: ``dlrover run`` (torchrun-compatible), ``dlrover status``,
-``dlrover plugins`` and ``dlrover doctor``."""
+"""The ``dlrover`` command line: ``dlrover run`` (torchrun-compatible), ``dlrover submit``,
+``status``, ``logs``, ``cancel``, ``dlrover plugins`` and ``dlrover doctor``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
@@ -113,31 +114,84 @@ def run(nnodes, nproc_per_node, max_restarts, node_unit, rdzv_conf, monitor_inte
 # ----- dlrover status ------------------------------------------------------------------------
 
 
+def _load_job(path: str) -> Any:
+    """The ``Job`` a Python file defines: its ``job`` variable, or its only ``Job`` object."""
+    import runpy
+
+    from dlrover_core.spec import Job
+
+    try:
+        namespace = runpy.run_path(path, run_name="__dlrover_submit__")
+    except FileNotFoundError:
+        raise click.ClickException(f"no such file: {path}") from None
+    if isinstance(namespace.get("job"), Job):
+        return namespace["job"]
+    jobs = [v for k, v in namespace.items() if isinstance(v, Job) and not k.startswith("_")]
+    if len(jobs) != 1:
+        raise click.ClickException(f"{path} must define `job = Job(...)` (found {len(jobs)} Job objects)")
+    return jobs[0]
+
+
 @main.command()
-@click.argument("job_id")
-@click.option("--log-dir", default="dlrover-runs", show_default=True, help="Where the job's run directory is.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def status(job_id: str, log_dir: str, as_json: bool) -> None:
-    """Show a running (or finished) local job: state, step, nodes, restarts, goodput."""
+@click.argument("job_file", metavar="JOB_FILE")
+@click.option("--scheduler", default=None, help="Run on this scheduler backend instead of the Job's.")
+@click.option("--wait/--detach", default=False, show_default=True, help="Wait for the job, showing its logs.")
+@click.option("--dryrun", is_flag=True, help="Print the native request (processes, sbatch script, manifests) and exit.")
+def submit(job_file: str, scheduler: str | None, wait: bool, dryrun: bool) -> None:
+    """Submit the Job that JOB_FILE defines (`job = Job(...)`) to its scheduler backend."""
     import attrs
 
-    from dlrover_core.schedulers.base import JobHandle
-    from dlrover_core.schedulers.local import LocalScheduler
+    job = _load_job(job_file)
+    try:
+        if scheduler is not None:
+            job = attrs.evolve(job, scheduler=scheduler)  # validated like any field
+        if dryrun:
+            click.echo(str(job.dryrun()))
+            return
+        run = job.submit(detach=not wait)
+    except DLRoverError as exc:
+        raise click.ClickException(str(exc)) from exc
+    log_root = str(Path(run.handle.log_dir).parent)
+    click.echo(f"submitted {run.handle} (logs in {run.handle.log_dir})")
+    click.echo(f"  dlrover status {run.job_id} --log-dir {log_root}")
+    click.echo(f"  dlrover logs {run.job_id} --log-dir {log_root} --follow")
+    click.echo(f"  dlrover cancel {run.job_id} --log-dir {log_root}")
+    if wait:
+        result = run.wait()
+        click.echo(result.summary())
+        if result.state.value != "SUCCEEDED":
+            sys.exit(1)
 
-    run_dir = Path(log_dir) / job_id
-    if not (run_dir / "handle.json").exists():
-        raise click.ClickException(f"no job {job_id!r} under {log_dir!r} (see --log-dir)")
-    handle = JobHandle(scheduler="local", job_id=job_id, log_dir=str(run_dir))
-    st = LocalScheduler().status(handle)
+
+def _find(job_id: str, log_dir: str) -> Any:
+    from dlrover_core.runner import find_job
+
+    try:
+        return find_job(job_id, log_dir)
+    except DLRoverError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--log-dir", default="dlrover-runs", show_default=True, help="The Job's log_dir.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def status(job_id: str, log_dir: str, as_json: bool) -> None:
+    """Show a job on any scheduler: state, step, nodes, restarts, goodput timeline."""
+    import attrs
+
+    run = _find(job_id, log_dir)
+    st = run.status()
     goodput = st.goodput
-    result = LocalScheduler().result(handle)
-    if not goodput and result is not None:
-        goodput = json.loads((run_dir / "goodput.json").read_text()) if (run_dir / "goodput.json").exists() else {}
+    run_dir = Path(run.handle.log_dir)
+    if not goodput and (run_dir / "goodput.json").exists():
+        goodput = json.loads((run_dir / "goodput.json").read_text())
     if as_json:
-        click.echo(json.dumps({**attrs.asdict(st), "state": st.state.value, "goodput": goodput}, indent=2))
+        click.echo(json.dumps({**attrs.asdict(st), "state": st.state.value, "scheduler": run.handle.scheduler,
+                               "native_id": run.handle.native_id, "goodput": goodput}, indent=2))
         return
     console = Console()
-    console.print(f"job {job_id}: [b]{st.state.value}[/b]" + (f" — {st.message}" if st.message else ""))
+    console.print(f"job {job_id} ({run.handle}): [b]{st.state.value}[/b]" + (f" — {st.message}" if st.message else ""))
     console.print(f"  step {st.step}, nodes {st.nodes}/{st.max_nodes}, restarts {st.restarts}, round {st.round}")
     if st.metrics:
         console.print("  metrics: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(st.metrics.items())))
@@ -148,6 +202,30 @@ def status(job_id: str, log_dir: str, as_json: bool) -> None:
         for key, value in goodput.items():
             table.add_row(key.removesuffix("_s"), f"{value:.3f}" if key != "goodput" else f"{value:.1%}")
         console.print(table)
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--log-dir", default="dlrover-runs", show_default=True, help="The Job's log_dir.")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends.")
+def logs(job_id: str, log_dir: str, follow: bool) -> None:
+    """Print a job's logs (each line prefixed by its node and rank)."""
+    run = _find(job_id, log_dir)
+    try:
+        for line in run.logs(follow=follow):
+            click.echo(line)
+    except KeyboardInterrupt:
+        pass
+
+
+@main.command()
+@click.argument("job_id")
+@click.option("--log-dir", default="dlrover-runs", show_default=True, help="The Job's log_dir.")
+def cancel(job_id: str, log_dir: str) -> None:
+    """Stop a job and remove everything it started (idempotent)."""
+    run = _find(job_id, log_dir)
+    run.cancel()
+    click.echo(f"cancelled {run.handle}: {run.status().state.value}")
 
 
 # ----- dlrover plugins -----------------------------------------------------------------------

@@ -17,7 +17,7 @@ from dlrover_core.result import JobResult
 from dlrover_core.schedulers.base import JobHandle, JobStatus, Plan, SchedulerBackend
 from dlrover_core.spec import Job
 
-__all__ = ["JobRun", "dryrun", "submit"]
+__all__ = ["HANDLE_FILE", "JobRun", "dryrun", "find_job", "save_handle", "submit"]
 
 log = get_logger()
 
@@ -34,13 +34,67 @@ def dryrun(job: Job) -> Plan:
     return _backend(job).dryrun(job)
 
 
-def submit(job: Job) -> JobRun:
-    """Dry-run ``job``, submit the plan and return a :class:`JobRun` without waiting."""
+def submit(job: Job, *, detach: bool = False) -> JobRun:
+    """Dry-run ``job``, submit the plan and return a :class:`JobRun` without waiting.
+
+    A local job is cancelled when the process that submitted it exits (nothing is left
+    running behind a crashed script); ``detach=True`` lets it outlive this process
+    (``dlrover submit``), to be followed with ``dlrover status|logs|cancel``.
+    """
+    import attrs
+
+    from dlrover_core import env
+
     backend = _backend(job)
     plan = backend.dryrun(job)
+    if detach:
+        plan = attrs.evolve(plan, processes=tuple(
+            attrs.evolve(p, env={k: v for k, v in p.env.items() if k != env.WATCH_PID}) for p in plan.processes))
     handle = backend.submit(plan)
+    save_handle(handle)
     log.info("job_submitted", job_id=handle.job_id, scheduler=backend.name, log_dir=handle.log_dir)
     return JobRun(backend=backend, plan=plan, handle=handle)
+
+
+#: The file in a job's log directory that lets a later process find the job again.
+HANDLE_FILE = "job.json"
+
+
+def save_handle(handle: JobHandle) -> None:
+    """Write ``handle`` to ``<log_dir>/job.json`` (atomically), for ``dlrover status|logs|cancel``."""
+    import json
+    import os
+    from pathlib import Path
+
+    path = Path(handle.log_dir) / HANDLE_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"scheduler": handle.scheduler, "job_id": handle.job_id, "log_dir": handle.log_dir,
+                               "native_id": handle.native_id}, indent=2))
+    os.replace(tmp, path)
+
+
+def find_job(job_id: str, log_dir: str = "dlrover-runs") -> JobRun:
+    """The :class:`JobRun` of a job submitted earlier, from ``<log_dir>/<job_id>/job.json``.
+
+    Raises:
+        SchedulerError: no such job under ``log_dir``, or its handle file is unreadable.
+    """
+    import json
+    from pathlib import Path
+
+    path = Path(log_dir) / job_id / HANDLE_FILE
+    if not path.is_file():
+        raise SchedulerError(f"no job {job_id!r} under {log_dir!r} ({path} does not exist); pass --log-dir "
+                             "with the Job's log_dir")
+    try:
+        data = json.loads(path.read_text())
+        handle = JobHandle(scheduler=data["scheduler"], job_id=data["job_id"], log_dir=data["log_dir"],
+                           native_id=data.get("native_id", ""))
+    except (ValueError, KeyError) as exc:
+        raise SchedulerError(f"{path} is not a job handle: {exc}") from exc
+    backend = get_host().registries.scheduler.get(handle.scheduler)()
+    return JobRun(backend=backend, plan=None, handle=handle)
 
 
 def _progress_text(s: JobStatus, elapsed_s: float) -> str:
@@ -55,7 +109,7 @@ def _progress_text(s: JobStatus, elapsed_s: float) -> str:
 class JobRun:
     """A submitted job: ask its status, stream its logs, cancel it, or wait for its result."""
 
-    def __init__(self, *, backend: SchedulerBackend, plan: Plan, handle: JobHandle) -> None:
+    def __init__(self, *, backend: SchedulerBackend, plan: Plan | None, handle: JobHandle) -> None:
         self.backend = backend
         self.plan = plan
         self.handle = handle

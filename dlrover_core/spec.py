@@ -367,11 +367,12 @@ class Job:
 
         return dryrun(self)
 
-    def submit(self) -> JobRun:
-        """Start the job and return a handle without waiting (see :class:`~dlrover_core.runner.JobRun`)."""
+    def submit(self, *, detach: bool = False) -> JobRun:
+        """Start the job and return a handle without waiting (see :class:`~dlrover_core.runner.JobRun`).
+        With ``detach``, the job outlives the calling process (else it is cancelled when it exits)."""
         from dlrover_core.runner import submit
 
-        return submit(self)
+        return submit(self, detach=detach)
 
     def run(self, *, progress: bool = True) -> JobResult:
         """Run the job to the end, showing logs and live progress; return its JobResult."""

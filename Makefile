@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0 numpy
-	$(PY) -m pip install --quiet -e '.[test]' $(addprefix -e ,$(PLUGINS))
+	$(PY) -m pip install --quiet -e '.[test]' $(foreach p,$(PLUGINS),-e '$(p)[test]')
 	touch $(STAMP)
 
 demo: setup

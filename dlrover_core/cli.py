@@ -157,8 +157,7 @@ def submit(job_file: str, scheduler: str | None, wait: bool, dryrun: bool) -> No
     click.echo(f"  dlrover logs {run.job_id} --log-dir {log_root} --follow")
     click.echo(f"  dlrover cancel {run.job_id} --log-dir {log_root}")
     if wait:
-        result = run.wait()
-        click.echo(result.summary())
+        result = run.wait()  # prints the summary
         if result.state.value != "SUCCEEDED":
             sys.exit(1)
 

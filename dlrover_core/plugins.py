@@ -38,9 +38,16 @@ hookimpl = pluggy.HookimplMarker(hookspecs.PROJECT_NAME)
 BUILTIN_PLUGINS: tuple[str, ...] = (
     "dlrover_core.accelerators.cpu",
     "dlrover_core.schedulers.local",
+    "dlrover_core.schedulers.docker",
     "dlrover_core.storage.posix",
     "dlrover_core.optim.torch_optimizers",
+    "dlrover_core.parallel.mesh",
     "dlrover_core.parallel.ddp",
+    "dlrover_core.parallel.fsdp",
+    "dlrover_core.parallel.amp",
+    "dlrover_core.parallel.activation_checkpoint",
+    "dlrover_core.parallel.compile",
+    "dlrover_core.parallel.auto",
 )
 
 ENTRY_POINT_GROUP = "dlrover"

@@ -40,7 +40,7 @@ def rpc_retrying(
     """
     return tenacity.Retrying(
         stop=tenacity.stop_after_attempt(attempts) | tenacity.stop_after_delay(max_total_s),
-        wait=tenacity.wait_exponential_jitter(initial=initial_wait_s, max=max_wait_s),
+        wait=tenacity.wait_exponential_jitter(multiplier=initial_wait_s, max=max_wait_s, jitter=initial_wait_s),
         retry=tenacity.retry_if_exception_type(RETRYABLE_RPC_ERRORS),
         sleep=sleep,
         reraise=True,

@@ -165,6 +165,8 @@ class JobRun:
                     terminal_since = terminal_since or time.monotonic()
                     if time.monotonic() - terminal_since > _RESULT_WAIT_S:
                         break
+                else:
+                    terminal_since = None  # e.g. a requeued job runs again
                 line = _progress_text(status, time.monotonic() - start)
                 key = (status.state, status.nodes, status.restarts)
                 if live is not None:

@@ -41,13 +41,14 @@ def site(tmp_path, monkeypatch):
 
 
 def test_builtins_register_through_hooks():
-    """cpu, local, posix, adamw/adam/sgd and ddp come from built-in plugins like any other."""
+    """cpu, local, docker, posix, adamw/adam/sgd and the parallel strategies come from built-in plugins
+    like any other."""
     regs = PluginHost(load_entry_points=False).registries
     assert regs.accelerator.names() == ["cpu"]
-    assert regs.scheduler.names() == ["local"]
+    assert regs.scheduler.names() == ["docker", "local"]
     assert regs.storage.names() == ["posix"]
     assert regs.optimizer.names() == ["adam", "adamw", "sgd"]
-    assert regs.parallel_strategy.names() == ["ddp"]
+    assert regs.parallel_strategy.names() == ["amp", "auto", "checkpoint", "compile", "ddp", "fsdp", "mesh"]
     entry = regs.scheduler.entry("local")
     assert entry.plugin == "dlrover_core.schedulers.local" and entry.distribution == "dlrover-core"
 

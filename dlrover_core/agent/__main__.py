@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     from dlrover_core.agent.agent import ElasticAgent
     from dlrover_core.master.client import MasterClient
     from dlrover_core.plugins import get_host
+    from dlrover_core.retry import rpc_retrying
     from dlrover_core.spec import Job
 
     job = Job.from_dict(json.loads(os.environ[env.JOB_SPEC]))
@@ -55,7 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     nproc = job.nodes.nproc_per_node
     nproc = accelerator.default_nproc_per_node() if nproc == "auto" else int(nproc)
     storage = get_host().registries.storage.get(job.checkpoint.storage)(job.checkpoint.dir)
-    agent = ElasticAgent(job=job, job_id=args.job_id, node_id=args.node_id, client=MasterClient(args.master_addr),
+    # The master may be down for a while (restarted from its journal by the scheduler): keep
+    # retrying for as long as the master would wait before declaring this node lost.
+    patience_s = max(30.0, job.failure.heartbeat_timeout_s)
+    client = MasterClient(args.master_addr,
+                          retrying=lambda: rpc_retrying(attempts=10_000, max_total_s=patience_s, max_wait_s=1.0))
+    agent = ElasticAgent(job=job, job_id=args.job_id, node_id=args.node_id, client=client,
                          log_dir=Path(args.log_dir), accelerator=accelerator, nproc=nproc, storage=storage)
     agent.install_signal_handlers()
     watch = int(os.environ.get(env.WATCH_PID, "0") or 0)

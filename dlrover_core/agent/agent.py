@@ -146,7 +146,9 @@ class ElasticAgent:
                 standby.close()
             self._standbys = []
             if self.saver is not None:
-                if self._breakpoint_due is not None:  # the job ends before workers came back
+                # the job ends before workers came back, or a signal (preemption, time limit,
+                # requeue, cancel) stops this node: persist what memory holds
+                if self._breakpoint_due is not None or self._signal is not None:
                     self.saver.request_breakpoint()
                 self.saver.stop()
             removed = remove_segments(self._shm_prefix)

@@ -38,6 +38,8 @@ def describe(failure: dict[str, Any]) -> str:
         message = str(exc.get("message"))
         message = message if len(message) <= 160 else message[:157] + "..."
         return f"{exc.get('exc_type')}: {message} at step {exc.get('step')}"
+    if kind not in (None, "signal", "exit") and failure.get("detail"):  # e.g. a scheduler's "evicted"
+        return f"{kind.replace('_', ' ')} ({failure['detail']})"
     code = failure.get("exit_code")
     return signal_name(code) or f"exit code {code}"
 

@@ -2,7 +2,8 @@
 
     python examples/charlm/run.py --steps 300 --chaos --result-json results/demo.json
 
-builds ``Job(..., nodes=2, nproc_per_node=1, scheduler="local")``, runs it, prints the
+builds ``Job(..., nodes=2, nproc_per_node=1, scheduler="local")`` (``--scheduler docker``: in
+containers), runs it, prints the
 JobResult and the validation loss at the start and the end. With ``--chaos`` one worker is
 SIGKILLed at a random step; the job restarts every worker and resumes from the last
 committed checkpoint.
@@ -39,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ckpt-dir", default=None, help="checkpoint directory (default: a fresh temporary one)")
     p.add_argument("--data", default=None, help="a text file to train on (default: Python's standard library)")
     p.add_argument("--log-dir", default="dlrover-runs")
+    p.add_argument("--scheduler", default="local", help="where nodes run: local (processes), docker (containers), ...")
     p.add_argument("--result-json", default=None, help="write the JobResult plus validation losses here")
     p.add_argument("train_args", nargs="*", help="extra arguments for train.py (after --)")
     a = p.parse_args(argv)
@@ -55,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         args=args,
         nodes=Nodes(min=a.nodes, max=a.nodes, nproc_per_node=a.nproc_per_node),
         accelerator="cpu",
-        scheduler="local",
+        scheduler=a.scheduler,
         checkpoint=Checkpoint(dir=ckpt_dir, persist_every_steps=a.persist_every, keep_last=2),
         failure=Failure(max_restarts=a.max_restarts),
         log_dir=a.log_dir,

@@ -91,11 +91,28 @@ def dlrover_register_parallel_strategies(register: Register) -> None:
     """Register parallel strategies by name (ATorch style).
 
     Call ``register(fn, name="...")`` where ``fn(model, ctx, **options)`` returns the
-    transformed :class:`torch.nn.Module`; ``ctx`` is the worker's
-    :class:`~dlrover_core.train.WorkerInfo`. ``train.prepare()`` applies the Job's strategies
-    in the order given, before building the optimizer.
+    transformed :class:`torch.nn.Module` (the same object changed in place, or a wrapper;
+    returning ``None`` is an error). ``options`` are the JSON options of the Job's
+    ``Parallel([(name, {options})])`` entry. ``ctx`` is a
+    :class:`~dlrover_core.parallel.ParallelContext`: the worker (``rank``, ``world_size``,
+    ``local_rank``, ``device``, ``info``), the optimizer spec, the ``mesh`` built by a
+    ``mesh`` strategy (``data_mesh()`` gives the data-parallel ranks), ``sharded`` (set it
+    when you shard parameters), ``field(option)`` (the Job field to name in a
+    :class:`~dlrover_core.errors.JobSpecError`) and ``apply(name, model, **options)`` to
+    compose registered strategies.
 
-    Return value is ignored. Implemented by the core (``ddp``) and strategy plugins.
+    ``train.prepare()`` applies the Job's strategies in the order given, then builds the
+    optimizer over the returned model's parameters, then calls the hooks strategies
+    registered with ``ctx.on_optimizer(hook)`` as ``hook(optimizer)`` (change it in place:
+    the float16 ``amp`` strategy replaces ``optimizer.step`` with a gradient-scaled one).
+    A strategy that changes what the forward computes (``amp``'s ``torch.autocast``)
+    wraps the model's ``forward``. Every rank runs the same strategies in the same order,
+    so collectives inside them (mesh creation, sharding) match up.
+
+    Return value is ignored. Implemented by the core (``mesh``, ``ddp``, ``fsdp``, ``amp``,
+    ``checkpoint``, ``compile``, ``auto``) and strategy plugins. The core checks its own
+    names' options and conflicts when a ``Parallel`` is built; a plugin validates its
+    options when called, raising JobSpecError naming ``ctx.field(option)``.
     """
 
 

@@ -206,33 +206,76 @@ class Optimizer:
 
 
 def _normalize_strategy(item: Any, index: int) -> tuple[str, dict[str, Any]]:
+    from dlrover_core.parallel.rules import normalize_mesh_dims
+
+    field = f"parallel.strategies[{index}]"
     if isinstance(item, str):
         return (item, {})
+    if isinstance(item, (list, tuple)) and len(item) == 2 and item[0] == "mesh":
+        if isinstance(item[1], Mapping):  # the JSON form, {"dims": [...]}
+            return ("mesh", {**item[1], "dims": normalize_mesh_dims(item[1].get("dims"), f"{field}.dims")})
+        return ("mesh", {"dims": normalize_mesh_dims(item[1], field)})
     if isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str) and isinstance(item[1], Mapping):
         return (item[0], dict(item[1]))
-    raise JobSpecError(f"parallel.strategies[{index}]", item, "a name or a (name, {options}) pair")
+    raise JobSpecError(field, item, "a name or a (name, {options}) pair")
 
 
 @attrs.frozen(init=False)
 class Parallel:
-    """Parallel strategies applied in order by ``train.prepare()`` (ATorch style):
-    ``Parallel(["ddp", ("amp", {"dtype": "bfloat16"})])``.
+    """Parallel strategies applied in order by ``train.prepare()`` (ATorch style)::
+
+        Parallel(["ddp", ("amp", {"dtype": "bfloat16"})])
+        Parallel([("mesh", [("data", 2), ("tensor", 2)]), ("fsdp", {"wrap_class": "Block"})])
+        Parallel("auto")
+
+    Built-in strategies (see :mod:`dlrover_core.parallel`): ``ddp``; ``fsdp`` (FSDP2,
+    options ``wrap_class``, ``reshard_after_forward``, ``param_dtype``, ``reduce_dtype``);
+    ``amp`` (``dtype``: ``"bfloat16"`` or ``"float16"`` with a gradient scaler;
+    ``output_dtype``, ``init_scale``); ``checkpoint`` (activation checkpointing,
+    ``wrap_class``); ``compile`` (``torch.compile`` options); ``mesh`` (a ``DeviceMesh``; its
+    list of ``(name, size)`` dimensions, first-listed varies fastest, one size may be -1 for
+    the rest; must come first); ``auto`` (picks ddp, fsdp or checkpoint + fsdp from the
+    model's size and the device memory, options ``shard_above``, ``checkpoint_above``,
+    ``wrap_class``, ``device_mb``; see :func:`dlrover_core.parallel.rules.auto_rule_text`).
+    Plugins add more names.
+
+    A malformed or conflicting list (a name twice; two of ddp / fsdp / auto; mesh not first;
+    checkpoint after ddp / fsdp or with auto; a built-in's unknown option) raises
+    :class:`~dlrover_core.errors.JobSpecError` here; unknown names at ``Job(...)``; a mesh
+    whose size product is not the world size at ``prepare()``.
 
     Attributes:
-        strategies: ``(name, options)`` pairs, in the order they are applied.
+        strategies: ``(name, options)`` pairs, in the order they are applied; options are
+            JSON values (tuples become lists), ``("mesh", dims)`` becomes
+            ``("mesh", {"dims": [[name, size], ...]})``.
     """
 
     strategies: tuple[tuple[str, dict[str, Any]], ...]
 
     def __init__(self, strategies: Sequence[Any] = ("ddp",)) -> None:
+        from dlrover_core.parallel.rules import check_strategies
+
         if isinstance(strategies, str):
             strategies = [strategies]
-        normalized = tuple(_normalize_strategy(s, i) for i, s in enumerate(strategies))
+        if not isinstance(strategies, Sequence):
+            raise JobSpecError("parallel.strategies", strategies, "a list of names or (name, {options}) pairs")
+        normalized = [_normalize_strategy(s, i) for i, s in enumerate(strategies)]
+        for i, (name, _) in enumerate(normalized):
+            if not name:
+                raise JobSpecError(f"parallel.strategies[{i}]", name, "a registered strategy name, e.g. 'ddp'")
         try:
-            json.dumps(normalized)
-        except TypeError as exc:
+            normalized = json.loads(json.dumps(normalized))  # JSON values only: equal after to_dict/from_dict
+        except (TypeError, ValueError) as exc:
             raise JobSpecError("parallel.strategies", strategies, f"JSON-safe options: {exc}") from None
-        self.__attrs_init__(strategies=normalized)
+        pairs = tuple((name, options) for name, options in normalized)
+        check_strategies(pairs)
+        self.__attrs_init__(strategies=pairs)
+
+    def describe(self) -> list[str]:
+        """One line per strategy, as ``Job.dryrun()``'s plan shows them (``auto``: its rule)."""
+        from dlrover_core.parallel.rules import describe
+
+        return describe(self.strategies)
 
 
 # ----- the job ----------------------------------------------------------------------------

@@ -14,7 +14,8 @@ def ddp(model: Any, ctx: Any, **options: Any) -> Any:
 
     ``options`` go to DDP (``find_unused_parameters``, ``bucket_cap_mb``, ...). On a
     one-process world the model is returned unchanged. On an accelerator the model is moved
-    to the worker's device first and ``device_ids`` is set.
+    to the worker's device first and ``device_ids`` is set. With a ``mesh``, gradients are
+    averaged over its ``data`` dimension (``process_group``), else over the whole world.
     """
     import torch
     import torch.distributed as dist
@@ -25,6 +26,8 @@ def ddp(model: Any, ctx: Any, **options: Any) -> Any:
     if device.type != "cpu":
         model = model.to(device)
         options.setdefault("device_ids", [device.index])
+    if getattr(ctx, "mesh", None) is not None:
+        options.setdefault("process_group", ctx.data_mesh().get_group())
     return torch.nn.parallel.DistributedDataParallel(model, **options)
 
 

@@ -113,6 +113,9 @@ class Plan:
                         v = v[:157] + "..."
                     lines.append(f"    {k}={v}")
                 lines.append("    $ " + " ".join(p.argv))
+        if self.job.parallel is not None:
+            lines.append("## parallel strategies (applied in this order by train.prepare())")
+            lines.extend(f"    {line}" for line in self.job.parallel.describe())
         for name, text in self.files.items():
             lines.append(f"## file {name}")
             lines.append(text.rstrip("\n"))

@@ -258,6 +258,23 @@ def plugins_list(as_json: bool) -> None:
     Console().print(table)
 
 
+@plugins.command("hooks")
+@click.option("--update", "update", metavar="FILE", default=None,
+              help="Rewrite the generated part of FILE (between its hooks:begin/hooks:end markers) instead of printing.")
+def plugins_hooks(update: str | None) -> None:
+    """Print the hook reference for plugin authors as Markdown (from the hook specs' docstrings)."""
+    from dlrover_core import plugin_docs
+
+    if update is None:
+        click.echo(plugin_docs.hook_reference(), nl=False)
+        return
+    try:
+        changed = plugin_docs.update_file(update)
+    except (OSError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{update}: {'updated' if changed else 'already up to date'}")
+
+
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def doctor(as_json: bool) -> None:

@@ -39,8 +39,8 @@ def dlrover_register_accelerators(register: Register) -> None:
     Call ``register(cls)`` once per :class:`~dlrover_core.accelerators.Accelerator`
     subclass; its ``name`` attribute is the name a Job's ``accelerator=`` field selects and
     its ``priority`` orders candidates for ``accelerator="auto"`` (highest present wins).
-    ``register`` raises :class:`~dlrover_core.errors.PluginError` for an object that is not
-    an Accelerator subclass.
+    An object that is not an Accelerator subclass is not registered; the error is recorded
+    against the plugin and shown by ``dlrover plugins list`` (the hook is not interrupted).
 
     Return value is ignored. Implemented by the core (``cpu``) and accelerator plugins
     (``dlrover-plugin-cuda``, ``-ascend``, ``-ppu``). Importing the hook's module must not

@@ -205,9 +205,10 @@ class PluginHost:
             info.errors = [e for e in info.errors if not e.startswith("register")]
         for kind, (hook_name, _) in KINDS.items():
             registry = regs.of(kind)
-            # pluggy calls implementations last-registered-first; registries go in load order
-            # so a later plugin is the one blamed for a name conflict.
-            for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
+            # get_hookimpls() lists implementations in registration order (pluggy calls them
+            # in reverse): registries fill in load order, so the plugin loaded later is the
+            # one blamed for a name conflict, never a built-in.
+            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
                 info = self.plugins[impl.plugin_name]
 
                 def register(obj: Any, name: str | None = None, *, _info: PluginInfo = info, _registry=registry) -> None:

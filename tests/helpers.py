@@ -67,3 +67,52 @@ FULL_DISK_PLUGIN = """
     def dlrover_register_storages(register):
         register(FullDiskStorage)
 """
+
+
+def run_checked(*cmd: str | Path, env: dict[str, str] | None = None, cwd: str | Path | None = None,
+                timeout_s: float = 240) -> str:
+    """Run ``cmd`` (outside the checkout by default: ``python -c`` puts the working directory
+    first on sys.path); return its stdout, or fail with the end of its output."""
+    import subprocess
+    import tempfile
+
+    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout_s,
+                       env={**os.environ, **(env or {})}, cwd=str(cwd or tempfile.gettempdir()))
+    if p.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, cmd[:6]))} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    return p.stdout
+
+
+def make_venv(tmp: Path, projects: list[Path]) -> Path:
+    """A new virtual environment under ``tmp`` holding wheels built from ``projects`` (source
+    trees with a pyproject.toml); returns its python.
+
+    Third-party dependencies (torch above all) come from the test's own environment through a
+    ``.pth`` entry appended after the venv's own site-packages, so the wheels' copies of our
+    packages are the ones imported and found by ``importlib.metadata``. Install more into it
+    with ``pip_into(python, ...)``.
+    """
+    import site
+    import sys
+    import sysconfig
+
+    wheels = tmp / "wheels"
+    run_checked(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", wheels,
+                *projects)
+    venv = tmp / "venv"
+    run_checked(sys.executable, "-m", "venv", "--without-pip", venv)
+    py = venv / "bin" / "python"
+    pip_into(py, "--no-index", *sorted(wheels.glob("*.whl")))
+    purelib = Path(run_checked(py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip())
+    ours = [p for p in site.getsitepackages() + [sysconfig.get_paths()["purelib"]] if Path(p).is_dir()]
+    (purelib / "zz_test_dependencies.pth").write_text("\n".join(dict.fromkeys(ours)) + "\n")
+    return py
+
+
+def pip_into(python: Path, *args: str | Path) -> str:
+    """``pip install --no-deps --no-build-isolation ARGS`` into the environment of ``python``
+    (this environment's pip, run with ``--python``; the venv needs no pip of its own)."""
+    import sys
+
+    return run_checked(sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-deps",
+                       "--no-build-isolation", *args)

@@ -140,5 +140,5 @@ def agent_kill(tmp: Path, seed: int) -> dict:
     events = [json.loads(line) for line in (Path(result.log_dir) / "events.jsonl").read_text().splitlines()]
     assert any(e["kind"] == "node_relaunched" and e["node_id"] == node for e in events)
     assert job_processes(result.job_id) == []
-    assert shm_entries() - shm_before == set()
+    assert {e for e in shm_entries() - shm_before if result.job_id in e} == set()  # other jobs may run meanwhile
     return {"seed": seed, "node": node, "committed_before": before, "committed": committed}

@@ -324,7 +324,7 @@ def test_two_node_job_trains_to_success_in_containers(engine, submitted, tmp_pat
             assert c.attrs["HostConfig"]["ShmSize"] == MIN_SHM_BYTES
     result = run.wait(progress=True, timeout_s=120)
     assert result.state == JobState.SUCCEEDED, result.reason
-    assert result.final_step == 19 and result.restarts == 0
+    assert result.final_step == 19 and result.restarts == 0, [(f.kind, f.detail) for f in result.failures]
     out = capsys.readouterr().out
     assert "[master]" in out and "[node-0]" in out and "[node-1]" in out
     assert _left(engine, run.job_id) == ([], [])

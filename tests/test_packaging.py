@@ -1,60 +1,68 @@
-"""The plugin packages as users get them: wheels built from ``plugins/*``, installed into a
-fresh virtual environment, found through their entry points — and, without one, a Job
-naming it fails with the package to install."""
+"""The plugin packages as users get them: wheels of the core, of every plugin under
+``plugins/`` and of the example plugins under ``examples/plugins/``, installed into a fresh
+virtual environment and found through their entry points — and, without one, a Job naming
+it fails with the package to install."""
 
 from __future__ import annotations
 
 import json
-import os
-import site
-import subprocess
-import sys
-import sysconfig
-import tempfile
 from pathlib import Path
 
 import pytest
+from helpers import make_venv
+from helpers import run_checked as run
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCELERATORS = {"cuda": "dlrover-plugin-cuda", "ascend": "dlrover-plugin-ascend", "ppu": "dlrover-plugin-ppu"}
+#: Every plugin distribution in the repository: a new one is packaged and checked here without
+#: editing this file.
+PLUGIN_PROJECTS = sorted(p.parent for pattern in ("plugins/*/pyproject.toml", "examples/plugins/*/pyproject.toml")
+                         for p in ROOT.glob(pattern))
 
 
-def run(*cmd: str | Path, env: dict[str, str] | None = None, timeout_s: float = 240) -> str:
-    # run outside the checkout: `python -c` puts the working directory first on sys.path
-    p = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout_s,
-                       env={**os.environ, **(env or {})}, cwd=tempfile.gettempdir())
-    if p.returncode != 0:
-        raise AssertionError(f"{' '.join(map(str, cmd[:5]))} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
-    return p.stdout
+def expected_plugins() -> dict[str, str]:
+    """Entry-point name -> distribution, read from each plugin's pyproject.toml."""
+    expected = {}
+    for project in PLUGIN_PROJECTS:
+        meta = tomllib.loads((project / "pyproject.toml").read_text())["project"]
+        for ep in meta.get("entry-points", {}).get("dlrover", {}):
+            expected[ep] = meta["name"]
+    return expected
 
 
 @pytest.fixture(scope="module")
 def fresh_venv(tmp_path_factory) -> Path:
-    """A new venv holding the wheels of the core and the accelerator plugins. Their
-    third-party dependencies (torch above all) come from the test's own environment through
-    a path entry appended after the venv's own site-packages, so the wheels' copies of our
-    packages are the ones imported and found by ``importlib.metadata``."""
-    tmp = tmp_path_factory.mktemp("packaging")
-    wheels = tmp / "wheels"
-    projects = [ROOT] + [ROOT / "plugins" / name for name in ACCELERATORS]
-    run(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", wheels, *projects)
-    venv = tmp / "venv"
-    run(sys.executable, "-m", "venv", venv)
-    py = venv / "bin" / "python"
-    run(py, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", *sorted(wheels.glob("*.whl")))
-    purelib = Path(run(py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").strip())
-    ours = [p for p in site.getsitepackages() + [sysconfig.get_paths()["purelib"]] if Path(p).is_dir()]
-    (purelib / "zz_test_dependencies.pth").write_text("\n".join(dict.fromkeys(ours)) + "\n")
-    return py
+    """A new venv holding the wheels of the core and of every plugin."""
+    return make_venv(tmp_path_factory.mktemp("packaging"), [ROOT, *PLUGIN_PROJECTS])
+
+
+def test_every_plugin_project_declares_a_dlrover_entry_point():
+    assert {p.name for p in PLUGIN_PROJECTS} >= {"cuda", "ascend", "ppu", "k8s", "slurm", "dlrover-plugin-fsspec"}
+    declared = set(expected_plugins().values())
+    for project in PLUGIN_PROJECTS:
+        name = tomllib.loads((project / "pyproject.toml").read_text())["project"]["name"]
+        assert name.startswith("dlrover-plugin-") and name in declared, f"{project}: no [project.entry-points.dlrover]"
 
 
 def test_wheels_install_and_register_in_a_fresh_venv(fresh_venv):
+    """`dlrover plugins list --json` in the venv lists exactly the plugins the pyprojects
+    declare, each from its wheel, each registering something, none with an error."""
     listing = json.loads(run(fresh_venv, "-m", "dlrover_core.cli", "plugins", "list", "--json"))
-    by_dist = {p["distribution"]: p for p in listing}
+    external = {p["name"]: p for p in listing if not p["builtin"]}
+    expected = expected_plugins()
+    assert {name: p["distribution"] for name, p in external.items()} == expected
+    for name, plugin in external.items():
+        assert not plugin["errors"], (name, plugin["errors"])
+        assert plugin["backends"] and plugin["version"], (name, plugin)
+    by_dist = {p["distribution"]: p for p in external.values()}
     for name, dist in ACCELERATORS.items():
-        assert dist in by_dist, sorted(by_dist)
         assert by_dist[dist]["backends"].get("accelerator") == [name]
-        assert not by_dist[dist]["errors"], by_dist[dist]["errors"]
+    assert by_dist["dlrover-plugin-fsspec"]["backends"] == {"storage": ["fsspec"]}
     where = run(fresh_venv, "-c", "import dlrover_core, dlrover_plugin_ascend as a; print(dlrover_core.__file__); print(a.__file__)")
     venv_root = str(fresh_venv.parent.parent)
     assert all(line.startswith(venv_root) for line in where.split()), where  # the wheels' code, not the checkout's

@@ -170,3 +170,142 @@ def test_cli_plugins_list_json_and_table(site):
     assert "does_not_exist" in rows["dlrover-plugin-broken"]["errors"][0]
     table = runner.invoke(cli, ["plugins", "list"])
     assert table.exit_code == 0 and "posix" in table.output
+
+
+# ----- isolation and conflicts with installed distributions ---------------------------------
+
+#: A plugin whose register hook hands over something that is not a backend.
+MALFORMED = """
+    from dlrover_core import hookimpl
+
+    class NotAStorage:
+        name = "bogus"
+
+    @hookimpl
+    def dlrover_register_storages(register):
+        register(NotAStorage)
+"""
+
+#: A plugin whose register hook itself raises.
+RAISING_HOOK = """
+    from dlrover_core import hookimpl
+
+    @hookimpl
+    def dlrover_register_schedulers(register):
+        raise RuntimeError("scheduler plugin bug")
+"""
+
+
+def twin(dist_suffix: str) -> str:
+    return f"""
+    from dlrover_core import hookimpl
+    from dlrover_core.storage.posix import PosixStorage
+
+    class TwinStorage{dist_suffix}(PosixStorage):
+        name = "twin"
+
+    @hookimpl
+    def dlrover_register_storages(register):
+        register(TwinStorage{dist_suffix})
+"""
+
+
+def install_broken_plugins(site) -> None:
+    install_dist(site, "dlrover-plugin-broken", "dlrover_plugin_broken", "raise RuntimeError('kaboom')\n")
+    install_dist(site, "dlrover-plugin-malformed", "dlrover_plugin_malformed", MALFORMED)
+    install_dist(site, "dlrover-plugin-raising", "dlrover_plugin_raising", RAISING_HOOK)
+
+
+def test_cli_lists_every_broken_plugin_with_its_error(site):
+    """An import error, a malformed backend and a raising hook each show in `dlrover plugins
+    list` against the plugin that caused it; the built-ins show none."""
+    install_broken_plugins(site)
+    out = CliRunner().invoke(cli, ["plugins", "list", "--json"])
+    assert out.exit_code == 0, out.output
+    rows = {r["name"]: r for r in json.loads(out.output)}
+    assert rows["dlrover-plugin-broken"]["errors"] == ["import failed: RuntimeError: kaboom"]
+    assert rows["dlrover-plugin-broken"]["distribution"] == "dlrover-plugin-broken"
+    (malformed,) = rows["dlrover-plugin-malformed"]["errors"]
+    assert "registered a malformed storage" in malformed and "NotAStorage" in malformed
+    assert rows["dlrover-plugin-raising"]["errors"] == [
+        "register: dlrover_register_schedulers raised RuntimeError: scheduler plugin bug"]
+    assert all(not r["errors"] for r in rows.values() if r["builtin"])
+    table = CliRunner().invoke(cli, ["plugins", "list"])
+    assert table.exit_code == 0 and "kaboom" in table.output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_job_runs_with_broken_plugins_installed(site, tmp_path, monkeypatch):
+    """Master, agents and workers all load the broken plugins (they are on PYTHONPATH); a job
+    that uses none of them succeeds."""
+    from helpers import SCRIPTS
+
+    from dlrover_core import Checkpoint, Failure, Job, JobState, Nodes
+
+    install_broken_plugins(site)
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    job = Job(name="isolated", entrypoint=str(SCRIPTS / "tiny_train.py"), args=["--steps", "4"],
+              nodes=Nodes(min=1, max=1, nproc_per_node=1), accelerator="cpu",
+              checkpoint=Checkpoint(dir=str(tmp_path / "ck"), persist_every_steps=2),
+              failure=Failure(max_restarts=0), log_dir=str(tmp_path / "runs"))
+    assert sorted(p for p in get_host().plugins if p.startswith("dlrover-plugin-")) == [
+        "dlrover-plugin-broken", "dlrover-plugin-malformed", "dlrover-plugin-raising"]
+    result = job.run(progress=False)
+    assert result.state == JobState.SUCCEEDED, result.reason
+    assert result.final_step == 3
+    master_log = (tmp_path / "runs" / result.job_id / "master.log").read_text()
+    assert "plugin_import_failed" in master_log and "kaboom" in master_log  # loaded there, reported, skipped
+
+
+def test_two_distributions_registering_one_name_are_both_named(site):
+    """The conflict is reported against the plugin loaded second, names both distributions,
+    and using the name raises rather than picking one silently."""
+    install_dist(site, "dlrover-plugin-twin-a", "dlrover_plugin_twin_a", twin("A"))
+    install_dist(site, "dlrover-plugin-twin-b", "dlrover_plugin_twin_b", twin("B"))
+    host = PluginHost()
+    with pytest.raises(PluginError) as err:
+        host.registries.storage.get("twin")
+    message = str(err.value)
+    assert "storage 'twin' is registered by more than one plugin" in message
+    assert "dlrover-plugin-twin-a and dlrover-plugin-twin-b" in message and "DLROVER_DISABLE_PLUGINS" in message
+    assert host.plugins["dlrover-plugin-twin-a"].errors == []
+    assert host.plugins["dlrover-plugin-twin-b"].errors == [f"register: {message}"]
+    # blocking one of them resolves it
+    host = PluginHost(environ={"DLROVER_DISABLE_PLUGINS": "dlrover-plugin-twin-a"})
+    assert host.registries.storage.entry("twin").distribution == "dlrover-plugin-twin-b"
+
+
+def test_a_plugin_reusing_a_builtin_name_is_blamed_not_the_core():
+    class Posix2:
+        @hookimpl
+        def dlrover_register_storages(self, register):
+            register(PosixStorage)
+
+    host = PluginHost(load_entry_points=False)
+    host.register(Posix2(), name="posix2", distribution="dlrover-plugin-posix2")
+    host.registries  # noqa: B018
+    assert host.plugins["dlrover_core.storage.posix"].errors == []
+    assert "dlrover-core and dlrover-plugin-posix2" in host.plugins["posix2"].errors[0]
+
+
+def test_allow_and_block_lists_match_entry_point_or_distribution_names(site):
+    install_dist(site, "dlrover-plugin-mirror", "dlrover_plugin_mirror", GOOD, ep_name="mirror")
+    install_dist(site, "dlrover-plugin-broken", "dlrover_plugin_broken", "raise RuntimeError('kaboom')\n")
+
+    def external(environ):  # of these two (the environment has other plugins installed)
+        return sorted(n for n in PluginHost(environ=environ).plugins if n in ("mirror", "dlrover-plugin-broken"))
+
+    assert external({}) == ["dlrover-plugin-broken", "mirror"]
+    assert external({"DLROVER_PLUGINS": "mirror"}) == ["mirror"]  # entry-point name
+    assert external({"DLROVER_PLUGINS": " dlrover-plugin-mirror , other "}) == ["mirror"]  # distribution, spaces
+    assert external({"DLROVER_DISABLE_PLUGINS": "dlrover-plugin-broken"}) == ["mirror"]
+    assert external({"DLROVER_PLUGINS": "mirror,dlrover-plugin-broken", "DLROVER_DISABLE_PLUGINS": "mirror"}) == [
+        "dlrover-plugin-broken"]  # the block-list wins
+
+
+def test_cli_honours_the_block_list(site):
+    install_dist(site, "dlrover-plugin-broken", "dlrover_plugin_broken", "raise RuntimeError('kaboom')\n")
+    out = CliRunner(env={"DLROVER_DISABLE_PLUGINS": "dlrover-plugin-broken"}).invoke(cli, ["plugins", "list", "--json"])
+    assert out.exit_code == 0, out.output
+    assert "dlrover-plugin-broken" not in {r["name"] for r in json.loads(out.output)}

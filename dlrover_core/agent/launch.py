@@ -14,7 +14,7 @@ from typing import Any
 from dlrover_core import env
 from dlrover_core.spec import Job
 
-__all__ = ["worker_argv", "worker_env"]
+__all__ = ["preview_workers", "worker_argv", "worker_env"]
 
 
 def worker_argv(job: Job, python: str | None = None) -> list[str]:
@@ -83,3 +83,57 @@ def worker_env(
     variables.update(accelerator.worker_env(local_rank, nproc))
     variables.update(job.env)
     return variables
+
+
+def preview_workers(
+    job: Job,
+    *,
+    job_id: str,
+    nproc: int,
+    master_addr: str,
+    store_host: str,
+    accelerator: Any,
+    log_dir: str,
+    python: str | None = None,
+    cwd: str | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> tuple[Any, ...]:
+    """The worker processes of the first rendezvous round, as the agents will start them:
+    one ``ProcessSpec`` (role ``"worker"``) per rank, for ``Plan.workers`` (a preview;
+    later rounds differ in ranks, store port and restart count).
+
+    Args:
+        nproc: workers per node.
+        master_addr: ``host:port`` of the master, as the workers see it.
+        store_host: host of the round's TCPStore, as the workers see it (its port is chosen
+            by the master per round and shown as a placeholder).
+        log_dir: the job's log directory as the workers see it.
+        python: the interpreter path (default: this one).
+        cwd: the workers' working directory (default: ``job.workdir``).
+        extra_env: variables set on top (e.g. a backend's own copy of the job spec).
+    """
+    from dlrover_core.schedulers.base import ProcessSpec
+
+    workers = []
+    for node_rank in range(job.nodes.max):
+        world = {
+            "round": 0, "node_rank": node_rank, "num_nodes": job.nodes.max, "rank_offset": node_rank * nproc,
+            "nproc": nproc, "world_size": job.nodes.max * nproc, "store_host": store_host,
+            "store_port": "<fresh port per round, chosen by the master>", "restart_count": 0,
+            "max_restarts": job.failure.max_restarts,
+        }
+        for local_rank in range(nproc):
+            rank = node_rank * nproc + local_rank
+            variables = worker_env(
+                job, job_id=job_id, node_id=node_rank, world=world, local_rank=local_rank,
+                master_addr=master_addr, accelerator=accelerator,
+                progress_file=f"{log_dir}/node_{node_rank}/round_0/progress_rank{rank}.jsonl",
+                log_dir=log_dir, agent_pid=0,
+            )
+            variables.update(extra_env or {})
+            variables[env.WATCH_PID] = "<pid of the agent>"
+            workers.append(ProcessSpec(
+                role="worker", name=f"rank-{rank}", argv=tuple(worker_argv(job, python)), env=variables,
+                cwd=cwd or job.workdir, log_file=f"{log_dir}/node_{node_rank}/rank_{rank}.log",
+            ))
+    return tuple(workers)

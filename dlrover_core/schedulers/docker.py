@@ -58,7 +58,7 @@ import httpx
 import tenacity
 
 from dlrover_core import env
-from dlrover_core.agent.launch import worker_argv, worker_env
+from dlrover_core.agent.launch import preview_workers
 from dlrover_core.errors import JobSpecError, SchedulerError
 from dlrover_core.logging import get_logger
 from dlrover_core.plugins import get_host, hookimpl
@@ -69,7 +69,6 @@ from dlrover_core.schedulers.base import (
     JobState,
     JobStatus,
     Plan,
-    ProcessSpec,
     SchedulerBackend,
 )
 from dlrover_core.spec import Job
@@ -485,29 +484,10 @@ class DockerScheduler(SchedulerBackend):
             "network": {"name": network, "driver": "bridge", "labels": {LABEL_JOB: job_id}},
             "containers": [master, *agents],
         }
-        workers = []
-        for node_rank in range(job.nodes.max):
-            world = {
-                "round": 0, "node_rank": node_rank, "num_nodes": job.nodes.max, "rank_offset": node_rank * nproc,
-                "nproc": nproc, "world_size": job.nodes.max * nproc, "store_host": MASTER_HOST,
-                "store_port": "<fresh port per round, chosen by the master>", "restart_count": 0,
-                "max_restarts": job.failure.max_restarts,
-            }
-            for local_rank in range(nproc):
-                rank = node_rank * nproc + local_rank
-                progress = log_dir / f"node_{node_rank}" / "round_0" / f"progress_rank{rank}.jsonl"
-                variables = worker_env(
-                    job, job_id=job_id, node_id=node_rank, world=world, local_rank=local_rank,
-                    master_addr=master_addr, accelerator=accelerator, progress_file=str(progress),
-                    log_dir=str(log_dir), agent_pid=0,
-                )
-                variables[env.WATCH_PID] = "<pid of the agent>"
-                workers.append(ProcessSpec(
-                    role="worker", name=f"rank-{rank}", argv=tuple(worker_argv(job, python)), env=variables,
-                    cwd=job.workdir, log_file=str(log_dir / f"node_{node_rank}" / f"rank_{rank}.log"),
-                ))
+        workers = preview_workers(job, job_id=job_id, nproc=nproc, master_addr=master_addr, store_host=MASTER_HOST,
+                                  accelerator=accelerator, log_dir=str(log_dir), python=python)
         return Plan(scheduler=self.name, job_id=job_id, job=job, log_dir=str(log_dir),
-                    files={"containers.json": json.dumps(document, indent=2) + "\n"}, workers=tuple(workers))
+                    files={"containers.json": json.dumps(document, indent=2) + "\n"}, workers=workers)
 
     # ----- side effects -----------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ import attrs
 import yaml
 
 from dlrover_core import env
-from dlrover_core.agent.launch import worker_argv, worker_env
+from dlrover_core.agent.launch import preview_workers
 from dlrover_core.errors import JobSpecError, SchedulerError
 from dlrover_core.logging import get_logger
 from dlrover_core.plugins import get_host, hookimpl
@@ -39,7 +39,6 @@ from dlrover_core.schedulers.base import (
     JobState,
     JobStatus,
     Plan,
-    ProcessSpec,
     SchedulerBackend,
 )
 from dlrover_core.spec import Job
@@ -163,28 +162,10 @@ class K8sScheduler(SchedulerBackend):
         names = Names(job_id)
         pod_log_dir = f"{self.config.log_root}/{job_id}"
         job_json = next(e["value"] for e in master_pod["spec"]["containers"][0]["env"] if e["name"] == env.JOB_SPEC)
-        workers = []
-        for node_rank in range(job.nodes.max):
-            world = {
-                "round": 0, "node_rank": node_rank, "num_nodes": job.nodes.max, "rank_offset": node_rank * nproc,
-                "nproc": nproc, "world_size": job.nodes.max * nproc, "store_host": "<IP of the master pod>",
-                "store_port": "<fresh port per round, chosen by the master>", "restart_count": 0,
-                "max_restarts": job.failure.max_restarts,
-            }
-            for local_rank in range(nproc):
-                rank = node_rank * nproc + local_rank
-                variables = worker_env(
-                    job, job_id=job_id, node_id=node_rank, world=world, local_rank=local_rank,
-                    master_addr=names.master_addr(self.config.namespace, self.config.master_port), accelerator=accelerator,
-                    progress_file=f"{pod_log_dir}/node_{node_rank}/round_0/progress_rank{rank}.jsonl",
-                    log_dir=pod_log_dir, agent_pid=0)
-                variables[env.JOB_SPEC] = job_json
-                variables[env.WATCH_PID] = "<pid of the agent>"
-                workers.append(ProcessSpec(
-                    role="worker", name=f"rank-{rank}", argv=tuple(worker_argv(job, self.config.python)),
-                    env=variables, cwd=self.config.workdir,
-                    log_file=f"{pod_log_dir}/node_{node_rank}/rank_{rank}.log"))
-        return tuple(workers)
+        return preview_workers(
+            job, job_id=job_id, nproc=nproc, master_addr=names.master_addr(self.config.namespace, self.config.master_port),
+            store_host="<IP of the master pod>", accelerator=accelerator, log_dir=pod_log_dir, python=self.config.python,
+            cwd=self.config.workdir, extra_env={env.JOB_SPEC: job_json})
 
     # ----- where a job is ----------------------------------------------------------------
 

@@ -10,7 +10,7 @@ user writes it: rank 0 saves ``{model, optimizer, scheduler, sampler}`` with ``t
 to a staging name, fsyncs, renames, fsyncs the directory and then updates ``latest`` the same
 way; every rank loads ``latest`` with ``torch.load`` when it starts.
 
-Gloo restart trap (torch 2.13, see ``/work/shared/ENVIRONMENT.md``): a restarted worker that
+Gloo restart trap (torch 2.13, see the project's environment notes): a restarted worker that
 re-uses torchrun's store without a per-attempt prefix can read the dead workers' addresses and
 hang in ``connectFullMesh`` or fail with "Connection refused". ``--store prefix`` (default)
 joins through ``PrefixStore(f"attempt_{TORCHELASTIC_RESTART_COUNT}", store)``; ``--store

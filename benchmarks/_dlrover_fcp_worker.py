@@ -32,7 +32,6 @@ import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from checkpoint_peers import make_state  # noqa: E402
-
 from dlrover.python.common import storage as dl_storage  # noqa: E402
 from dlrover.python.common.log import default_logger as dl_log  # noqa: E402
 from dlrover.python.elastic_agent.torch.ckpt_saver import CheckpointConfig  # noqa: E402

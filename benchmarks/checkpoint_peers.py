@@ -31,7 +31,6 @@ from typing import Callable
 import numpy as np
 import torch
 
-
 # ---------------------------------------------------------------- helpers
 
 
@@ -132,11 +131,11 @@ def _copy_methods(srcs: list[torch.Tensor], dst: torch.Tensor, reps: int) -> dic
     """Samples (seconds) of copying ``srcs`` back to back into ``dst``, per method."""
     ncpu = os.cpu_count() or 1
     offsets = np.cumsum([0] + [s.numel() for s in srcs]).tolist()
-    spans = list(zip(offsets[:-1], offsets[1:]))
+    spans = list(zip(offsets[:-1], offsets[1:], strict=True))
     dst_slices = [dst[a:b] for a, b in spans]
 
     def torch_copy():
-        for d, s in zip(dst_slices, srcs):
+        for d, s in zip(dst_slices, srcs, strict=True):
             d.copy_(s)
 
     # numpy: one contiguous chunk of the whole byte range per core, each chunk
@@ -144,8 +143,8 @@ def _copy_methods(srcs: list[torch.Tensor], dst: torch.Tensor, reps: int) -> dic
     np_dst = dst.numpy()
     bounds = np.linspace(0, offsets[-1], ncpu + 1, dtype=np.int64).tolist()
     jobs = [[(np_dst[max(a, lo):min(b, hi)], s.numpy()[max(a, lo) - a:min(b, hi) - a])
-             for (a, b), s in zip(spans, srcs) if max(a, lo) < min(b, hi)]
-            for lo, hi in zip(bounds[:-1], bounds[1:])]
+             for (a, b), s in zip(spans, srcs, strict=True) if max(a, lo) < min(b, hi)]
+            for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
 
     def np_job(job):
         for d, s in job:

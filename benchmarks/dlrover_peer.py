@@ -59,8 +59,8 @@ def ensure_dlrover_venv(cache_dir: Path = DEFAULT_CACHE) -> Path:
             p = subprocess.CompletedProcess(cmd, "timeout", "", "")
         if p.returncode:
             shutil.rmtree(cache_dir, ignore_errors=True)
-            tail = "\n".join(l for l in (p.stdout + p.stderr).splitlines()
-                             if not l.startswith("WARNING: Location"))[-1500:]
+            tail = "\n".join(line for line in (p.stdout + p.stderr).splitlines()
+                             if not line.startswith("WARNING: Location"))[-1500:]
             raise RuntimeError(f"failed ({p.returncode}): {' '.join(cmd[:4])}\n{tail}")
     marker.write_text(" ".join(PACKAGES) + "\n")
     return py

@@ -168,10 +168,13 @@ class Checkpointer:
 
     def save(self, step: int, state: dict[str, Any], *, force: bool = False) -> bool:
         """Checkpoint ``state`` at ``step`` if the schedule says so (or ``force``, which also
-        persists); return whether a checkpoint was taken.
+        asks for it to be persisted); return whether a checkpoint was taken.
 
-        With memory, blocks only for the copy into shared memory. Without, blocks until this
-        rank's shard is durable in storage.
+        With memory, blocks only for the copy into shared memory; persistence is
+        asynchronous, and a step due for persistence that is still waiting while a newer one
+        becomes due is superseded by the newer (only the newest is committed: a burst of
+        forced saves commits its last step, not each one). Without memory, blocks until this
+        rank's shard is durable in storage, so every persisted step is committed.
 
         Raises:
             CheckpointError: ``state`` holds an unsupported type, or storage failed (disk-only).

@@ -41,7 +41,7 @@ _DOCKER_ENV = ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH", "DOCKER_C
 
 
 def _golden_job(tmp: Path) -> Job:
-    work = tmp / "work"
+    work = tmp / "project"
     work.mkdir()
     (work / "train.py").write_text("print('hello')\n")
     (tmp / "results").mkdir()

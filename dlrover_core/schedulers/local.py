@@ -40,6 +40,7 @@ from dlrover_core.schedulers.base import (
     ProcessSpec,
     SchedulerBackend,
 )
+from dlrover_core.schedulers.logtail import tail_logs
 from dlrover_core.spec import Job
 
 __all__ = ["LocalScheduler"]
@@ -242,37 +243,12 @@ class LocalScheduler(SchedulerBackend):
 
     def logs(self, handle: JobHandle, *, follow: bool = False) -> Iterator[str]:
         log_dir = Path(handle.log_dir)
-        offsets: dict[Path, int] = {}
-        partial: dict[Path, bytes] = {}
 
         def sources() -> list[tuple[str, Path]]:
-            out = [("master", log_dir / "master.log")]
-            out += [(p.stem.replace("_", "-"), p) for p in sorted(log_dir.glob("node_*.log"))]
-            return out
+            return [("master", log_dir / "master.log"),
+                    *((p.stem.replace("_", "-"), p) for p in sorted(log_dir.glob("node_*.log")))]
 
-        def read_new() -> Iterator[str]:
-            for name, path in sources():
-                try:
-                    with open(path, "rb") as f:
-                        f.seek(offsets.get(path, 0))
-                        chunk = f.read()
-                except FileNotFoundError:
-                    continue
-                offsets[path] = offsets.get(path, 0) + len(chunk)
-                lines = (partial.get(path, b"") + chunk).split(b"\n")
-                partial[path] = lines.pop()
-                for line in lines:
-                    yield f"[{name}] {line.decode(errors='replace')}"
-
-        while True:
-            done = not follow or self._finished(handle)
-            yield from read_new()
-            if done:
-                for path, rest in partial.items():
-                    if rest:
-                        yield f"[{path.stem.replace('_', '-')}] {rest.decode(errors='replace')}"
-                return
-            time.sleep(0.1)
+        return tail_logs(sources, follow=follow, finished=lambda: self._finished(handle))
 
     def cancel(self, handle: JobHandle) -> None:
         info = self._info(handle)

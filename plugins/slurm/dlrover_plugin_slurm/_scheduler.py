@@ -48,6 +48,7 @@ from dlrover_core.schedulers.base import (
     Plan,
     SchedulerBackend,
 )
+from dlrover_core.schedulers.logtail import tail_logs
 from dlrover_core.spec import Job
 from dlrover_plugin_slurm._commands import SlurmCli, SlurmJob, slurm_env
 from dlrover_plugin_slurm._script import agent_argv, render_sbatch
@@ -269,43 +270,13 @@ class SlurmScheduler(SchedulerBackend):
 
     def logs(self, handle: JobHandle, *, follow: bool = False) -> Iterator[str]:
         log_dir = Path(handle.log_dir)
-        offsets: dict[Path, int] = {}
-        partial: dict[Path, bytes] = {}
-        names: dict[Path, str] = {}
 
         def sources() -> list[tuple[str, Path]]:
-            out = [("batch", log_dir / "slurm.out"), ("master", log_dir / "master.log")]
-            out += [(p.stem.replace("_", "-"), p) for p in sorted(log_dir.glob("node_*.log"))]
-            return out
+            return [("batch", log_dir / "slurm.out"), ("master", log_dir / "master.log"),
+                    *((p.stem.replace("_", "-"), p) for p in sorted(log_dir.glob("node_*.log")))]
 
-        def read_new() -> Iterator[str]:
-            for name, path in sources():
-                names[path] = name
-                try:
-                    with open(path, "rb") as f:
-                        f.seek(offsets.get(path, 0))
-                        chunk = f.read()
-                except FileNotFoundError:
-                    continue
-                offsets[path] = offsets.get(path, 0) + len(chunk)
-                lines = (partial.get(path, b"") + chunk).split(b"\n")
-                partial[path] = lines.pop()
-                for line in lines:
-                    yield f"[{name}] {line.decode(errors='replace')}"
-
-        last_check = 0.0
-        done = not follow
-        while True:
-            if follow and time.monotonic() - last_check >= FOLLOW_STATE_S:
-                last_check = time.monotonic()
-                done = self._over(handle)
-            yield from read_new()
-            if done:
-                for path, rest in partial.items():
-                    if rest:
-                        yield f"[{names[path]}] {rest.decode(errors='replace')}"
-                return
-            time.sleep(0.2)
+        return tail_logs(sources, follow=follow, finished=lambda: self._over(handle), poll_s=0.2,
+                         check_every_s=FOLLOW_STATE_S)
 
     def _over(self, handle: JobHandle) -> bool:
         """Slurm has ended the job (or forgotten it)."""

@@ -131,8 +131,9 @@ def _master_process(n: int, interval_s: float, timeout_s: float, journal_on: boo
     sys.stderr = os.fdopen(2, "w", buffering=1)
 
     from dlrover_core import Failure, Job, Nodes
-    from dlrover_core.master.__main__ import _JOURNAL_S, _store_factory, _write_atomic
+    from dlrover_core.master.__main__ import _JOURNAL_S, _store_factory
     from dlrover_core.master.job_master import JobMaster
+    from dlrover_core.master.journal import Journal
     from dlrover_core.master.server import MasterServer
 
     gc_pauses = GcPauses()
@@ -144,8 +145,10 @@ def _master_process(n: int, interval_s: float, timeout_s: float, journal_on: boo
 
     job = Job(name="master-scale", entrypoint="json.tool", nodes=Nodes(min=n, max=n),
               failure=Failure(heartbeat_interval_s=interval_s, heartbeat_timeout_s=timeout_s))
+    journal = Journal(Path(log_dir) / "master_journal.json") if journal_on else None
     master = JobMaster(job, "master-scale", store_host="127.0.0.1", store_factory=_store_factory(),
-                       relaunch=lambda node_id: send("relaunch", node_id, time.monotonic()), log_dir=Path(log_dir))
+                       relaunch=lambda node_id: send("relaunch", node_id, time.monotonic()), log_dir=Path(log_dir),
+                       journal=journal)
     server = MasterServer(master, "127.0.0.1", 0)
     server.start()
     stop = threading.Event()
@@ -153,19 +156,16 @@ def _master_process(n: int, interval_s: float, timeout_s: float, journal_on: boo
     journals: list[float] = []
 
     def loop() -> None:
-        """``python -m dlrover_core.master``'s loop: tick; every 0.5 s, the journal."""
-        last_journal, last_written = 0.0, ""
-        journal = Path(log_dir) / "master_journal.json"
+        """``python -m dlrover_core.master``'s loop: tick; every 0.5 s, the journal's soft state
+        (decisions are journaled ahead by the master itself)."""
+        last_journal = 0.0
         while not stop.is_set():
             t = time.monotonic()
             master.tick()
             ticks.append(time.monotonic() - t)
             if journal_on and time.monotonic() - last_journal >= _JOURNAL_S:
                 t = last_journal = time.monotonic()
-                text = json.dumps(master.snapshot())
-                if text != last_written:
-                    _write_atomic(journal, text)
-                    last_written = text
+                master.write_journal()
                 journals.append(time.monotonic() - t)
             stop.wait(TICK_S)
 

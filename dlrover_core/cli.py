@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -31,6 +32,50 @@ def _job_name(script: str) -> str:
     stem = Path(script).stem if script.endswith(".py") else script.split(":")[0].rsplit(".", 1)[-1]
     name = re.sub(r"[^a-z0-9-]+", "-", stem.lower()).strip("-")[:40].strip("-")
     return name or "job"
+
+
+#: ``dlrover run`` refuses, without ``--force``, to start more cpu workers on this machine
+#: than this many per CPU core: past it each worker gets a sliver of a core, steps crawl and
+#: gloo's collectives time out, which reads as a hang rather than as the typo it usually is.
+MAX_CPU_WORKERS_PER_CORE = 4
+
+
+def _ensure_log_dir(log_dir: str, flag: str) -> None:
+    """Create ``log_dir`` (the run's logs go below it), or stop with one line naming ``flag``."""
+    try:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != log_dir else ""
+        raise click.ClickException(f"cannot create the log directory {log_dir!r}{where}: {why}; "
+                                   f"pass {flag} with a directory you can write to") from None
+
+
+def _check_worker_count(nodes: Any, accelerator: str, scheduler: str, force: bool) -> None:
+    """Refuse (unless ``force``) far more cpu workers than this machine has cores.
+
+    Only the local scheduler puts every node's workers on this machine, so only it is
+    checked: ``nproc_per_node * nodes.max`` workers against ``MAX_CPU_WORKERS_PER_CORE``
+    times ``os.cpu_count()``. Other accelerators are bounded by their device count.
+    """
+    nproc = nodes.nproc_per_node
+    cores = os.cpu_count() or 1
+    if force or scheduler != "local" or nproc == "auto" or nproc * nodes.max <= MAX_CPU_WORKERS_PER_CORE * cores:
+        return
+    if accelerator != "cpu":  # probe only when the count is suspicious: "auto" may be a GPU here
+        from dlrover_core.plugins import get_host
+
+        if get_host().create_accelerator(accelerator).name != "cpu":
+            return
+    total = nproc * nodes.max
+    limit = MAX_CPU_WORKERS_PER_CORE * cores
+    on_nodes = f" ({nproc} per node x {nodes.max} nodes, all on this machine)" if nodes.max > 1 else ""
+    raise click.UsageError(
+        f"--nproc-per-node {nproc} starts {total} cpu workers{on_nodes}, more than {MAX_CPU_WORKERS_PER_CORE} per "
+        f"core of this machine's {cores} cores ({limit}): each would get a sliver of a core and the collectives "
+        f"time out. Use --nproc-per-node {max(1, limit // nodes.max)} or fewer ('auto': half the cores), or pass "
+        "--force to start them anyway."
+    )
 
 
 def _rdzv_conf(text: str) -> dict[str, str]:
@@ -68,13 +113,19 @@ def _rdzv_conf(text: str) -> dict[str, str]:
 @click.option("--rdzv-endpoint", "--rdzv_endpoint", "rdzv_endpoint", default=None, hidden=True)
 @click.option("--rdzv-id", "--rdzv_id", "rdzv_id", default=None, hidden=True)
 @click.option("--dryrun", is_flag=True, help="Print the plan (processes and environment) and exit.")
+@click.option("--force", is_flag=True,
+              help=f"Start more than {MAX_CPU_WORKERS_PER_CORE} cpu workers per core of this machine anyway.")
 @click.argument("entrypoint")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def run(nnodes, nproc_per_node, max_restarts, node_unit, rdzv_conf, monitor_interval, run_id, log_dir, accelerator,
-        scheduler, checkpoint_dir, module, standalone, rdzv_backend, rdzv_endpoint, rdzv_id, dryrun, entrypoint, args):
+        scheduler, checkpoint_dir, module, standalone, rdzv_backend, rdzv_endpoint, rdzv_id, dryrun, force, entrypoint,
+        args):
     """Run ENTRYPOINT (a script, or a module with -m) with ARGS on this machine.
 
     Accepts torchrun's flags: dlrover run --nnodes 1:2 --nproc-per-node 2 --max-restarts 3 train.py --lr 1e-3
+
+    On the cpu, more than 4 workers per core of this machine (all nodes together with the
+    local scheduler) are refused unless --force is given.
     """
     from dlrover_core.spec import Checkpoint, Failure, Job, Nodes
 
@@ -95,6 +146,7 @@ def run(nnodes, nproc_per_node, max_restarts, node_unit, rdzv_conf, monitor_inte
                                      param_hint="--rdzv-conf")
         if module and entrypoint.endswith(".py"):
             raise click.BadParameter("with -m give a module name, not a file", param_hint="ENTRYPOINT")
+        _check_worker_count(nodes, accelerator, scheduler, force)
         job = Job(
             name=_job_name(run_id or entrypoint), entrypoint=entrypoint, args=list(args), nodes=nodes,
             accelerator=accelerator, scheduler=scheduler, checkpoint=Checkpoint(dir=checkpoint_dir),
@@ -105,6 +157,7 @@ def run(nnodes, nproc_per_node, max_restarts, node_unit, rdzv_conf, monitor_inte
         if dryrun:
             click.echo(str(job.dryrun()))
             return
+        _ensure_log_dir(log_dir, "--log-dir")
         result = job.run()
     except (DLRoverError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
@@ -148,6 +201,7 @@ def submit(job_file: str, scheduler: str | None, wait: bool, dryrun: bool) -> No
         if dryrun:
             click.echo(str(job.dryrun()))
             return
+        _ensure_log_dir(job.log_dir, f"a Job(log_dir=...) in {job_file}")
         run = job.submit(detach=not wait)
     except DLRoverError as exc:
         raise click.ClickException(str(exc)) from exc

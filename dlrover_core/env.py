@@ -11,10 +11,12 @@ from __future__ import annotations
 
 __all__ = [
     "ACCELERATOR",
+    "AGENT_TOKEN",
     "JOB_ID",
     "JOB_SPEC",
     "LOG_DIR",
     "MASTER_ADDR",
+    "MASTER_ADDR_FILE",
     "NODE_ID",
     "PROGRESS_FILE",
     "ROUND",
@@ -29,10 +31,16 @@ JOB_ID = "DLROVER_JOB_ID"
 LOG_DIR = "DLROVER_LOG_DIR"
 #: ``host:port`` of the job master's HTTP API.
 MASTER_ADDR = "DLROVER_MASTER_ADDR"
+#: A file holding the job master's current ``host:port`` (the local scheduler's master
+#: rewrites it when a restart had to take another port; agents and workers re-read it when
+#: the master stops answering).
+MASTER_ADDR_FILE = "DLROVER_MASTER_ADDR_FILE"
 #: The node's id (stable across rounds; node *rank* can change).
 NODE_ID = "DLROVER_NODE_ID"
 #: The resolved accelerator name (never "auto").
 ACCELERATOR = "DLROVER_ACCELERATOR"
+#: The fencing token the master gave the node's agent (names the node's shared memory).
+AGENT_TOKEN = "DLROVER_AGENT_TOKEN"
 #: The rendezvous round the worker belongs to.
 ROUND = "DLROVER_ROUND"
 #: File the worker appends progress records to (read by its agent).

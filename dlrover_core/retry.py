@@ -14,7 +14,7 @@ import tenacity
 
 from dlrover_core.errors import TransientError
 
-__all__ = ["RETRYABLE_RPC_ERRORS", "rpc_retrying"]
+__all__ = ["RETRYABLE_RPC_ERRORS", "master_retrying", "rpc_retrying", "storage_retrying"]
 
 #: Errors of a master RPC that a retry may cure: connection refused or reset, a timeout,
 #: or a 5xx answer (raised by the client as TransientError).
@@ -42,6 +42,33 @@ def rpc_retrying(
         stop=tenacity.stop_after_attempt(attempts) | tenacity.stop_after_delay(max_total_s),
         wait=tenacity.wait_exponential_jitter(multiplier=initial_wait_s, max=max_wait_s, jitter=initial_wait_s),
         retry=tenacity.retry_if_exception_type(RETRYABLE_RPC_ERRORS),
+        sleep=sleep,
+        reraise=True,
+    )
+
+
+def master_retrying(*, patience_s: float = 30.0, sleep: Callable[[float], None] = time.sleep) -> tenacity.Retrying:
+    """Policy for a job's own processes (agents, workers) calling their master: retry for
+    ``patience_s`` seconds, at most a second apart, so that a master restarted from its
+    journal (seconds) is waited for rather than given up on."""
+    return rpc_retrying(attempts=10_000, max_total_s=patience_s, max_wait_s=1.0, sleep=sleep)
+
+
+def storage_retrying(
+    *,
+    attempts: int = 3,
+    initial_wait_s: float = 0.2,
+    max_wait_s: float = 2.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tenacity.Retrying:
+    """Policy for a checkpoint shard write that raised ``OSError`` (disk full, permission,
+    a network filesystem's hiccup): ``attempts`` tries, waiting exponentially between
+    ``initial_wait_s`` and ``max_wait_s``; re-raises the last error. (A write that never
+    returns is not retried: the saver reports it after ``Checkpoint.persist_timeout_s``.)"""
+    return tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(attempts),
+        wait=tenacity.wait_exponential(multiplier=initial_wait_s, max=max_wait_s),
+        retry=tenacity.retry_if_exception_type(OSError),
         sleep=sleep,
         reraise=True,
     )

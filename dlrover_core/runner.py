@@ -47,6 +47,8 @@ def submit(job: Job, *, detach: bool = False) -> JobRun:
 
     backend = _backend(job)
     plan = backend.dryrun(job)
+    if backend.capabilities.storage_on_submit_host:
+        check_checkpoint_storage(job)
     if detach:
         plan = attrs.evolve(plan, processes=tuple(
             attrs.evolve(p, env={k: v for k, v in p.env.items() if k != env.WATCH_PID}) for p in plan.processes))
@@ -54,6 +56,25 @@ def submit(job: Job, *, detach: bool = False) -> JobRun:
     save_handle(handle)
     log.info("job_submitted", job_id=handle.job_id, scheduler=backend.name, log_dir=handle.log_dir)
     return JobRun(backend=backend, plan=plan, handle=handle)
+
+
+def check_checkpoint_storage(job: Job) -> None:
+    """Refuse a checkpoint storage this machine cannot write (a read-only or missing mount,
+    no permission, a file where the directory should be) before anything starts.
+
+    Raises:
+        JobSpecError: names ``checkpoint.dir``, the storage's error and the fix.
+    """
+    from dlrover_core.errors import JobSpecError
+
+    storage = get_host().registries.storage.get(job.checkpoint.storage)(job.checkpoint.dir)
+    try:
+        storage.check_writable()
+    except (OSError, ValueError) as exc:
+        raise JobSpecError("checkpoint.dir", job.checkpoint.dir,
+                           f"a location the job can write checkpoints to; {job.checkpoint.storage} storage "
+                           f"failed a test write: {type(exc).__name__}: {exc}. Point Checkpoint(dir=...) at a "
+                           "writable directory (or fix its permissions / mount)") from exc
 
 
 #: The file in a job's log directory that lets a later process find the job again.

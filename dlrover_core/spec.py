@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-from collections.abc import Mapping, Sequence
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,35 @@ def _positive_number(field: str, value: Any, *, allow_none: bool = False) -> Non
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise JobSpecError(field, value, "a number of seconds > 0" + (" or None" if allow_none else ""))
+
+
+def _args_tuple(value: Any) -> tuple[Any, ...]:
+    """``Job.args`` as a tuple. A single string is refused: ``tuple("--lr 1e-3")`` would be its
+    characters, and splitting it like a shell would guess at quoting the user may not mean."""
+    if isinstance(value, (str, bytes)):
+        text = value.decode(errors="replace") if isinstance(value, bytes) else value
+        try:
+            example = f"args={shlex.split(text)!r}"
+        except ValueError:  # unbalanced quotes: no split to suggest
+            example = "e.g. args=['--lr', '1e-3']"
+        raise JobSpecError("args", value, f"a list of strings, one per argument, not one string: {example} "
+                                          "(shlex.split(...) splits a command line the way a shell does)")
+    if isinstance(value, (Mapping, set, frozenset)) or not isinstance(value, Iterable):
+        raise JobSpecError("args", value, "a list of strings, one per argument, e.g. ['--lr', '1e-3']")
+    return tuple(value)
+
+
+def _env_dict(value: Any) -> dict[Any, Any]:
+    """``Job.env`` as a dict (from a mapping or ``(name, value)`` pairs)."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise JobSpecError("env", value, "a dict of variable names to string values, e.g. {'OMP_NUM_THREADS': '1'}")
+    try:
+        return dict(value)
+    except (TypeError, ValueError):
+        raise JobSpecError("env", value, "a dict of variable names to string values, e.g. "
+                                         "{'OMP_NUM_THREADS': '1'}") from None
 
 
 # ----- parts ------------------------------------------------------------------------------
@@ -120,6 +150,10 @@ class Checkpoint:
         memory_every_steps: snapshot to memory every N steps (0 = never; Flash Checkpoint).
         persist_every_steps: persist to storage every N steps (0 = only when forced).
         keep_last: committed steps to keep in storage (older ones are deleted).
+        persist_timeout_s: a shard write to storage that has not returned after this many
+            seconds (a hung mount, a stuck upload) ends the job FAILED, naming the storage
+            and the step; it also bounds the final flush and how long a save waits for a
+            slot while the storage falls behind.
     """
 
     dir: str = "checkpoints"
@@ -127,6 +161,7 @@ class Checkpoint:
     memory_every_steps: int = 1
     persist_every_steps: int = 50
     keep_last: int = 3
+    persist_timeout_s: float = 600.0
 
     def __attrs_post_init__(self) -> None:
         if not isinstance(self.dir, str) or not self.dir:
@@ -134,6 +169,7 @@ class Checkpoint:
         _int_at_least("checkpoint.memory_every_steps", self.memory_every_steps, 0)
         _int_at_least("checkpoint.persist_every_steps", self.persist_every_steps, 0)
         _int_at_least("checkpoint.keep_last", self.keep_last, 1)
+        _positive_number("checkpoint.persist_timeout_s", self.persist_timeout_s)
 
 
 @attrs.frozen(kw_only=True)
@@ -298,7 +334,9 @@ class Job:
         name: DNS-label style name (lowercase letters, digits, '-'; at most 40 characters).
         entrypoint: a Python script path (relative to ``workdir``), a module ``"pkg.mod"``
             run like ``python -m``, or ``"pkg.mod:function"`` called with no arguments.
-        args: arguments given to the entrypoint (``sys.argv[1:]``).
+        args: arguments given to the entrypoint (``sys.argv[1:]``): a list of strings, one per
+            argument. A single string (``"--lr 1e-3"``) is refused with the split to use
+            (``shlex.split("--lr 1e-3")`` gives ``["--lr", "1e-3"]``).
         nodes: :class:`Nodes`, or an int (``min == max``), or ``"MIN:MAX"``.
         accelerator: a registered accelerator name or ``"auto"``.
         scheduler: a registered scheduler name (``"local"`` runs on this machine).
@@ -307,14 +345,14 @@ class Job:
         optimizer: what ``train.prepare()`` builds.
         parallel: strategies ``train.prepare()`` applies; ``None``: ``ddp`` when the world
             has more than one process.
-        env: extra environment variables for every worker.
+        env: extra environment variables for every worker (string names and values).
         workdir: working directory of the workers.
         log_dir: where runs keep logs, events and results (one sub-directory per run).
     """
 
     name: str
     entrypoint: str
-    args: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    args: tuple[str, ...] = attrs.field(default=(), converter=_args_tuple)
     nodes: Nodes = attrs.field(default=Nodes(), converter=Nodes.parse)
     accelerator: str = "auto"
     scheduler: str = "local"
@@ -322,7 +360,7 @@ class Job:
     failure: Failure = Failure()
     optimizer: Optimizer = Optimizer("adamw")
     parallel: Parallel | None = None
-    env: dict[str, str] = attrs.field(factory=dict, converter=dict)
+    env: dict[str, str] = attrs.field(factory=dict, converter=_env_dict)
     workdir: str = "."
     log_dir: str = "dlrover-runs"
 
@@ -429,3 +467,5 @@ _converter.register_unstructure_hook(Parallel, lambda p: {"strategies": [[n, dic
 _converter.register_structure_hook(Parallel, lambda d, _: Parallel([tuple(s) for s in d["strategies"]]))
 _converter.register_structure_hook(Nodes, lambda d, _: Nodes.parse(d))
 _converter.register_structure_hook(int | str, lambda v, _: v)
+# Job's own converters check these (cattrs would turn the string "--lr 1e-3" into its characters)
+_converter.register_structure_hook_func(lambda t: t in (tuple[str, ...], dict[str, str]), lambda v, _: v)

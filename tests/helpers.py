@@ -116,3 +116,116 @@ def pip_into(python: Path, *args: str | Path) -> str:
 
     return run_checked(sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-deps",
                        "--no-build-isolation", *args)
+
+
+#: A storage plugin ("flaky") for the checkpoint durability tests, set up by the environment
+#: variable FLAKY_STORAGE (JSON) so that the agents, started with the test's environment, see
+#: it too: ``delay_s`` (+ ``jitter_s`` at random) per shard write, ``fail_p`` (a shard write
+#: raises EIO), ``fail_from_step`` (every shard write of a step at or above it raises EIO),
+#: ``hang_from_step`` (shard writes of steps at or above it never return: a hung
+#: mount), ``seed``.
+FLAKY_STORAGE_PLUGIN = """
+    import contextlib
+    import errno
+    import json
+    import os
+    import random
+    import re
+    import threading
+    import time
+
+    from dlrover_core import hookimpl
+    from dlrover_core.storage.posix import PosixStorage
+
+    _lock = threading.Lock()
+    _rng = {}
+
+    def _random():
+        cfg = json.loads(os.environ.get("FLAKY_STORAGE", "{}"))
+        with _lock:
+            if "r" not in _rng:
+                _rng["r"] = random.Random(f"{cfg.get('seed', 0)}-{os.getpid()}")
+            return cfg, _rng["r"].random(), _rng["r"].random()
+
+    class FlakyStorage(PosixStorage):
+        name = "flaky"
+
+        @contextlib.contextmanager
+        def open_write(self, path):
+            m = re.search(r"step_(\\d+)/rank_", path)
+            cfg, u1, u2 = _random()
+            if m and int(m.group(1)) >= cfg.get("hang_from_step", float("inf")):
+                while True:
+                    time.sleep(3600)
+            if m and (u1 < cfg.get("fail_p", 0.0) or int(m.group(1)) >= cfg.get("fail_from_step", float("inf"))):
+                raise OSError(errno.EIO, "Input/output error (flaky storage)", path)
+            with super().open_write(path) as f:
+                yield f
+                if m:
+                    time.sleep(cfg.get("delay_s", 0.0) + u2 * cfg.get("jitter_s", 0.0))
+
+    @hookimpl
+    def dlrover_register_storages(register):
+        register(FlakyStorage)
+"""
+
+
+def use_flaky_storage(tmp: Path, monkeypatch, **config) -> None:
+    """Install the ``flaky`` storage plugin for this test and its job's processes."""
+    import json
+
+    from dlrover_core.plugins import reset_host
+
+    site = tmp / "site"
+    site.mkdir(exist_ok=True)
+    install_dist(site, "dlrover-plugin-flaky", "dlrover_plugin_flaky", FLAKY_STORAGE_PLUGIN)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("FLAKY_STORAGE", json.dumps(config))
+    monkeypatch.syspath_prepend(str(site))
+    reset_host()
+
+
+def job_events(result) -> list[dict]:
+    """The job's ``events.jsonl`` records."""
+    import json
+
+    return [json.loads(line) for line in (Path(result.log_dir) / "events.jsonl").read_text().splitlines()]
+
+
+def check_committed_steps(ck: Path, *, replicated_prefix: str = "state/model/") -> list[int]:
+    """Check every committed step under ``ck`` (each ``step_*/checkpoint.json``) and return
+    them: every rank's shard file exists, is whole and has the committed CRC32; all shards
+    come from one incarnation (round); and the replicated tensors (names starting with
+    ``replicated_prefix``: the DDP model) are bit-equal across ranks — a commit mixing
+    incarnations whose states differ fails here."""
+    import json
+    import zlib
+
+    import torch
+
+    from dlrover_core.checkpoint.layout import parse_header, tensor_views
+
+    steps = []
+    for meta_path in sorted(ck.glob("step_*/checkpoint.json")):
+        meta = json.loads(meta_path.read_text())
+        step = int(meta["step"])
+        rounds = {s.get("round") for s in meta["shards"].values()}
+        assert len(rounds) == 1 and meta.get("round") in rounds, f"step {step} mixes incarnations: {meta['shards']}"
+        assert sorted(meta["shards"]) == [str(r) for r in range(meta["world_size"])], f"step {step}: ranks missing"
+        reference = None
+        for rank, shard in sorted(meta["shards"].items()):
+            data = (meta_path.parent / shard["file"]).read_bytes()
+            entries, _, start = parse_header(data)
+            end = start + max((e["data_offsets"][1] for e in entries.values()), default=0)
+            assert zlib.crc32(data[start:end]) == shard["crc32"], f"step {step} rank {rank}: CRC mismatch"
+            views = tensor_views(bytearray(data), start, entries)
+            model = {k.split(replicated_prefix, 1)[1].removeprefix("module."): v for k, v in views.items()
+                     if k.startswith(replicated_prefix)}
+            if reference is None:
+                reference = model
+            else:
+                assert model.keys() == reference.keys()
+                for k in model:
+                    assert torch.equal(model[k], reference[k]), f"step {step}: rank {rank}'s {k} differs from rank 0's"
+        steps.append(step)
+    return steps

@@ -48,7 +48,7 @@ def check_storage(ck: Path, floor: int | None) -> int | None:
     assert floor is None or step >= floor, f"latest went back from {floor} to {step}"
     meta = json.loads((ck / f"step_{step:010d}" / "checkpoint.json").read_text())
     for rank in range(meta["world_size"]):
-        data = (ck / f"step_{step:010d}" / f"rank_{rank:05d}.safetensors").read_bytes()
+        data = (ck / f"step_{step:010d}" / meta["shards"][str(rank)]["file"]).read_bytes()
         entries, _, start = parse_header(data)
         end = start + max(e["data_offsets"][1] for e in entries.values())
         assert zlib.crc32(data[start:end]) == meta["shards"][str(rank)]["crc32"], f"rank {rank} step {step}: CRC"

@@ -70,7 +70,7 @@ def test_torn_newer_step_is_invisible(tmp_path):
     """A step directory without a commit (a crash mid-save) is never loaded."""
     ck = Checkpointer(str(tmp_path), persist_every_steps=1)
     ck.save(1, {"w": torch.ones(2)})
-    ck.storage.write_bytes("step_0000000002/rank_00000.safetensors", b"torn")
+    ck.storage.write_bytes("step_0000000002/rank_00000-round0.safetensors", b"torn")
     assert Checkpointer(str(tmp_path)).load().step == 1
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 import zlib
 
 import pytest
@@ -14,6 +16,7 @@ from dlrover_core.checkpoint.memory import MemorySnapshots
 from dlrover_core.checkpoint.saver import CheckpointSaver, shard_path
 from dlrover_core.checkpoint.shm import SHM_DIR, SnapshotSlot, remove_segments, segment_name
 from dlrover_core.master.checkpoints import CheckpointCoordinator
+from dlrover_core.retry import storage_retrying
 from dlrover_core.storage.posix import PosixStorage
 
 
@@ -97,7 +100,7 @@ def test_saver_persists_flagged_snapshots_with_crc(job_id, tmp_path):
         snaps.save(layout(2), step=2, world_size=1, persist=True)
         assert saver.persist_due() == 1
         assert saver.persist_due() == 0  # once only
-        data = (tmp_path / shard_path(2, 0)).read_bytes()
+        data = (tmp_path / shard_path(2, 0, 0)).read_bytes()
         entries, _, start = parse_header(data)
         (endpoint, body), = reports
         assert endpoint == "checkpoint_shard" and body["step"] == 2 and body["rank"] == 0
@@ -107,7 +110,7 @@ def test_saver_persists_flagged_snapshots_with_crc(job_id, tmp_path):
         # at a breakpoint, unflagged snapshots newer than the last commit are persisted too
         snaps.save(layout(3), step=3, world_size=1, persist=False)
         assert saver.persist_breakpoint() == 1
-        assert (tmp_path / shard_path(3, 0)).exists()
+        assert (tmp_path / shard_path(3, 0, 0)).exists()
     finally:
         snaps.close()
         saver.stop()
@@ -118,13 +121,17 @@ def test_saver_reports_storage_errors_and_goes_on(job_id, tmp_path):
     blocked.write_text("a file where a directory should be")  # every write under it fails
     reports = []
     saver = CheckpointSaver(job_id=job_id, node_id=0, storage=PosixStorage(str(blocked)),
-                            report=lambda endpoint, body: reports.append((endpoint, body)) or {})
+                            report=lambda endpoint, body: reports.append((endpoint, body)) or {},
+                            retrying=lambda: storage_retrying(sleep=lambda s: None))
     snaps = MemorySnapshots(job_id=job_id, node_id=0, rank=0)
     try:
         saver.set_ranks([0])
         snaps.save(layout(2), step=2, world_size=1, persist=True)
         assert saver.persist_due() == 0
         assert reports and reports[0][0] == "checkpoint_error" and reports[0][1]["step"] == 2
+        assert not reports[0][1].get("fatal")  # a failed write is reported; training goes on
+        result = saver.flush(5)  # ...but the final checkpoint is not durable, and flush says why
+        assert not result.ok and result.step == 2 and str(blocked) in result.reason and "Error" in result.reason
     finally:
         snaps.close()
         saver.stop()
@@ -168,23 +175,24 @@ def test_restore_decision(tmp_path, held, committed, want):
     if committed is not None:
         storage.commit(committed)
     c = CheckpointCoordinator(storage, keep_last=3, event=lambda *a, **k: None)
-    answers = [c.restore_plan(round_index=1, rank=r, world_size=2, memory_steps=s) for r, s in held.items()]
+    answers = [c.restore_plan(round_index=1, rank=r, world_size=2, memory=s) for r, s in held.items()]
     assert answers[0] == {"state": "waiting"}
     assert (answers[1]["source"], answers[1]["step"]) == want
-    assert c.restore_plan(round_index=1, rank=0, world_size=2, memory_steps=[]) == answers[1]  # decided once
+    assert c.restore_plan(round_index=1, rank=0, world_size=2, memory=[]) == answers[1]  # decided once
 
 
 def test_segments_live_in_the_shm_dir(job_id):
     snaps = MemorySnapshots(job_id=job_id, node_id=3, rank=7)
     snaps.close()
     assert sorted(n for n in os.listdir(SHM_DIR) if n.startswith(f"dlrover-{job_id}-")) == [
-        f"dlrover-{job_id}-n3-r7-s0", f"dlrover-{job_id}-n3-r7-s1"]
+        f"dlrover-{job_id}-n3-a0-r7-s0", f"dlrover-{job_id}-n3-a0-r7-s1"]
 
 
 def test_a_snapshot_awaiting_its_persist_is_not_overwritten(job_id, tmp_path):
     """Memory saves after a persist request leave the requested snapshot alone until the
-    saver has written it; if persist requests come faster than the disk, the newest one
-    inherits the request (nothing requested is silently dropped)."""
+    saver has written it. When persist requests come faster than the disk, nothing
+    requested is dropped: a memory-only save is skipped, and a save asking for persistence
+    waits until the saver frees a slot (backpressure); every requested step is written."""
     storage = PosixStorage(str(tmp_path))
     saver = CheckpointSaver(job_id=job_id, node_id=0, storage=storage, report=lambda e, b: {"committed": None})
     snaps = MemorySnapshots(job_id=job_id, node_id=0, rank=0)
@@ -194,19 +202,25 @@ def test_a_snapshot_awaiting_its_persist_is_not_overwritten(job_id, tmp_path):
         for step in (11, 12, 13):
             snaps.save(layout(step), step=step, world_size=1, persist=False)
             assert 10 in snaps.held_steps(1) and step in snaps.held_steps(1)
-        assert saver.persist_due() == 1 and (tmp_path / shard_path(10, 0)).exists()
+        assert saver.persist_due() == 1 and (tmp_path / shard_path(10, 0, 0)).exists()
         snaps.save(layout(14), step=14, world_size=1, persist=False)  # 10 is persisted: it may go now
         assert snaps.held_steps(1) == [13, 14]
         # two requests in a row, none persisted yet: the second overwrites nothing requested...
-        snaps.save(layout(20), step=20, world_size=1, persist=True)
-        snaps.save(layout(21), step=21, world_size=1, persist=True)
-        # ...a third must reuse a requested slot and inherits its request
-        snaps.save(layout(22), step=22, world_size=1, persist=False)
-        assert snaps.held_steps(1) == [21, 22]
-        assert saver.persist_due() == 1
-        assert (tmp_path / shard_path(22, 0)).exists()
-        snaps.save(layout(23), step=23, world_size=1, persist=False)  # 21 was superseded: it may go
-        assert snaps.held_steps(1) == [22, 23]
+        assert snaps.save(layout(20), step=20, world_size=1, persist=True)
+        assert snaps.save(layout(21), step=21, world_size=1, persist=True)
+        # ...a memory-only save finds no free slot and is skipped...
+        assert snaps.save(layout(22), step=22, world_size=1, persist=False) is False
+        assert snaps.held_steps(1) == [20, 21]
+        # ...and a third request waits for the saver to write 20
+        writer = threading.Timer(0.3, saver.persist_due)
+        writer.start()
+        t0 = time.monotonic()
+        assert snaps.save(layout(23), step=23, world_size=1, persist=True)
+        assert time.monotonic() - t0 >= 0.25 and snaps.waited_s >= 0.25
+        writer.join()
+        saver.persist_due()  # what the timer's run left (23, maybe 21)
+        assert all((tmp_path / shard_path(s, 0, 0)).exists() for s in (20, 21, 23))
+        assert not (tmp_path / shard_path(22, 0, 0)).exists()
     finally:
         snaps.close()
         saver.stop()

@@ -125,9 +125,10 @@ def test_two_node_job_on_fsspec_storage_survives_a_sigkill(fsspec_installed, tmp
     assert storage.latest_step() == 25
     files = storage.list()
     assert "step_0000000025/checkpoint.json" in files
+    shards = json.loads(storage.read("step_0000000025/checkpoint.json"))["shards"]
     assert {p for p in files if p.startswith("step_0000000025/")} == {
-        "step_0000000025/checkpoint.json", "step_0000000025/rank_00000.safetensors",
-        "step_0000000025/rank_00001.safetensors"}
+        "step_0000000025/checkpoint.json", *(f"step_0000000025/{shards[r]['file']}" for r in ("0", "1"))}
+    assert all(re.fullmatch(rf"rank_0000{r}-round\d+\.safetensors", shards[str(r)]["file"]) for r in (0, 1))
     assert not [p for p in (tmp_path / "ck").rglob("*") if p.name.endswith(".staging")]
 
     # what rank 1 of a later 2-rank job does with nothing in memory: restore the commit through the

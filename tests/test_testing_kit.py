@@ -81,7 +81,7 @@ def test_checkpointer_on_memory_storage_commits_atomically(dlrover_host, monkeyp
     torch.nn.init.constant_(model.weight, 2.0)
     ck.save(2, {"model": model})
     monkeypatch.undo()
-    assert "step_0000000002/rank_00000.safetensors" in ck.storage.list()
+    assert "step_0000000002/rank_00000-round0.safetensors" in ck.storage.list()
     target = torch.nn.Linear(3, 1)
     restored = Checkpointer(url, storage="memory").load({"model": target})
     assert restored.step == 1 and torch.equal(target.weight, torch.ones(1, 3))

@@ -14,8 +14,20 @@ Workers are stopped by SIGTERM to their whole process tree, then SIGKILL after
 The agent hosts the node's :class:`~dlrover_core.checkpoint.saver.CheckpointSaver`: the
 workers' shared-memory snapshots outlive them and are persisted in the background; after a
 failure the newest ones are persisted too ("save at breakpoint") unless the restarted
-workers restore from memory within ``_BREAKPOINT_GRACE_S``.
-The agent removes the node's segments when it exits, and stale ones of its job when it starts.
+workers restore from memory within ``_BREAKPOINT_GRACE_S``. When the workers succeed, the
+final flush is bounded by ``Checkpoint.persist_timeout_s``; a final checkpoint that is not
+durable is reported as fatal (the job ends FAILED naming the storage), never as success.
+
+Heartbeats go from a thread of their own with a client of their own: nothing the main
+thread does — a storage write, the final flush, a stack dump, a node check — delays them,
+so a slow disk never makes the node look lost. The saver reports with its own client too.
+
+Fencing: ``register`` gives the agent a token; every call carries it, and the segments of
+its workers are named with it. When the master has replaced this agent (it was frozen or
+cut off past the heartbeat timeout and a new agent registered for the node), its calls are
+answered ``fenced``: it stops its own workers and exits without touching the segments,
+files or node record of its replacement.
+The agent removes its segments when it exits, and stale ones of its node when it starts.
 """
 
 from __future__ import annotations
@@ -37,7 +49,7 @@ from dlrover_core.agent.launch import worker_argv, worker_env
 from dlrover_core.agent.progress import ProgressTail
 from dlrover_core.agent.workers import Standby, WorkerProcess, kill_trees
 from dlrover_core.checkpoint.saver import CheckpointSaver
-from dlrover_core.checkpoint.shm import remove_segments
+from dlrover_core.checkpoint.shm import node_prefix, remove_segments
 from dlrover_core.errors import MasterUnavailableError, RendezvousError
 from dlrover_core.logging import get_logger
 from dlrover_core.master.client import MasterClient
@@ -53,6 +65,9 @@ _STARTUP_S = 300.0
 #: After a failure, how long restarted workers get to restore before the agent persists
 #: the snapshots held in memory anyway (seconds).
 _BREAKPOINT_GRACE_S = 10.0
+#: After reporting a hang, how long the agent leaves its hung workers alive, so that the
+#: other agents dump their workers' stacks before the connections they hang on drop (seconds).
+_PEER_DUMP_GRACE_S = 2.0
 
 
 class ElasticAgent:
@@ -96,13 +111,19 @@ class ElasticAgent:
         self._tails: dict[int, ProgressTail] = {}
         self._stop = threading.Event()
         self._signal: int | None = None
-        self._shm_prefix = f"dlrover-{job_id}-n{node_id}-"
+        self.token = 0  # fencing token, from register
+        self._fenced = threading.Event()
         self._standbys: list[Standby] = []
         self._breakpoint_due: float | None = None  # monotonic deadline of a pending breakpoint save
-        self.saver = None
-        if storage is not None:
-            self.saver = CheckpointSaver(job_id=job_id, node_id=node_id, storage=storage,
-                                         report=lambda endpoint, body: self.client.call(endpoint, body))
+        self._storage = storage
+        self.saver: CheckpointSaver | None = None
+        # heartbeat thread state (guarded by _state_lock: the tails are read by both threads)
+        self._state_lock = threading.RLock()
+        self._round: int | None = None  # the round whose workers run, None between rounds
+        self._ordered: tuple[int, str] | None = None  # (round, action) a heartbeat answer ordered
+        self._hb_stop = threading.Event()
+        self._hb_thread: threading.Thread | None = None
+        self._beat_lock = threading.Lock()  # held for a whole heartbeat (drain, send, answer)
 
     # ----- entry -----------------------------------------------------------------------
 
@@ -120,15 +141,42 @@ class ElasticAgent:
         """Ask the agent to stop its workers and exit (thread-safe)."""
         self._stop.set()
 
+    # ----- calls to the master ----------------------------------------------------------------
+
+    def _call(self, name: str, body: dict[str, Any], client: MasterClient | None = None) -> dict[str, Any]:
+        """Call the master for this node (``node_id`` and the fencing token added). A
+        ``fenced`` answer stops this agent for good."""
+        answer = (client or self.client).call(name, {"node_id": self.node_id, "token": self.token or None, **body})
+        if answer.get("fenced") and not self._fenced.is_set():
+            log.error("agent_fenced", node_id=self.node_id, token=self.token,
+                      reason="the master replaced this agent (it was silent past failure.heartbeat_timeout_s); "
+                             "stopping without touching the replacement's workers, memory or files")
+            self._fenced.set()
+            self._stop.set()
+        return answer
+
+    @property
+    def _shm_prefix(self) -> str:
+        return node_prefix(self.job_id, self.node_id, self.token)
+
     def run(self) -> int:
         """Run until the master says stop; return the process exit code."""
         self.node_dir.mkdir(parents=True, exist_ok=True)
-        stale = remove_segments(self._shm_prefix)
+        answer = self._call("register", {"host": socket.gethostname(), "pid": os.getpid()})
+        self.token = int(answer.get("token") or 0)
+        # segments of this node's earlier agents (a crashed or replaced one) are stale
+        stale = remove_segments(node_prefix(self.job_id, self.node_id))
         if stale:
             log.warning("stale_segments_removed", node_id=self.node_id, segments=stale)
-        self.client.call("register", {"node_id": self.node_id, "host": socket.gethostname(), "pid": os.getpid()})
-        if self.saver is not None:
+        if self._storage is not None:
+            saver_client = MasterClient(self.client.addr)
+            self.saver = CheckpointSaver(
+                job_id=self.job_id, node_id=self.node_id, storage=self._storage, agent=self.token,
+                persist_timeout_s=self.job.checkpoint.persist_timeout_s,
+                report=lambda endpoint, body: self._call(endpoint, body, client=saver_client))
             self.saver.start()
+        self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="dlrover-heartbeat", daemon=True)
+        self._hb_thread.start()
         self._fill_standbys()
         try:
             while not self._stop.is_set():
@@ -141,22 +189,88 @@ class ElasticAgent:
             log.error("master_unreachable", node_id=self.node_id, error=str(exc))
             return 1
         finally:
-            self._stop_workers()
-            for standby in self._standbys:
-                standby.close()
-            self._standbys = []
-            if self.saver is not None:
-                # the job ends before workers came back, or a signal (preemption, time limit,
-                # requeue, cancel) stops this node: persist what memory holds
-                if self._breakpoint_due is not None or self._signal is not None:
-                    self.saver.request_breakpoint()
-                self.saver.stop()
-            removed = remove_segments(self._shm_prefix)
-            log.debug("segments_removed", node_id=self.node_id, count=len(removed))
-            try:
-                self.client.call("exited", {"node_id": self.node_id})
-            except Exception:  # the master may already be gone
-                pass
+            self._exit()
+        if self._signal is not None:
+            log.info("agent_signalled", node_id=self.node_id, signal=signal.Signals(self._signal).name)
+            return 128 + self._signal
+        return 3 if self._fenced.is_set() else 0
+
+    def _exit(self) -> None:
+        """Stop workers, standbys, the saver and the heartbeat; remove this agent's segments;
+        tell the master (unless fenced: then the node is the replacement's)."""
+        with self._state_lock:
+            self._round = None
+        self._stop_workers()
+        for standby in self._standbys:
+            standby.close()
+        self._standbys = []
+        if self.saver is not None:
+            # the job ends before workers came back, or a signal (preemption, time limit,
+            # requeue, cancel) stops this node: persist what memory holds
+            if not self._fenced.is_set() and (self._breakpoint_due is not None or self._signal is not None):
+                self.saver.request_breakpoint()
+            bound = 0.0 if (self.saver.fatal or self._fenced.is_set()) else self.job.checkpoint.persist_timeout_s
+            result = self.saver.stop(timeout_s=bound)
+            if not result.ok and not self._fenced.is_set() and bound:
+                log.error("checkpoint_not_durable_at_exit", node_id=self.node_id, reason=result.reason)
+        removed = remove_segments(self._shm_prefix)
+        log.debug("segments_removed", node_id=self.node_id, count=len(removed))
+        self._hb_stop.set()
+        if self._hb_thread is not None:
+            self._hb_thread.join(timeout=10)
+        if not self._fenced.is_set():
+            with contextlib.suppress(Exception):  # the master may already be gone
+                self._call("exited", {})
+
+    # ----- heartbeats (own thread) ------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        """Beat every ``Failure.heartbeat_interval_s`` until the agent exits, on a client of
+        its own: an order for the running round is left in ``_ordered`` for the main loop."""
+        client = MasterClient(self.client.addr)
+        interval = self.job.failure.heartbeat_interval_s
+        try:
+            while not self._hb_stop.wait(interval):
+                try:
+                    self._beat(client)
+                except MasterUnavailableError as exc:
+                    log.warning("heartbeat_failed", node_id=self.node_id, error=str(exc))
+                except Exception as exc:  # never let the heartbeat thread die
+                    log.error("heartbeat_error", node_id=self.node_id, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            client.close()
+
+    def _beat(self, client: MasterClient | None = None) -> str:
+        """One heartbeat: the round's progress, worker pids and storage saves; returns the
+        master's action (``"none"`` between rounds)."""
+        with self._beat_lock:  # one heartbeat at a time: the last progress never overtakes the one before
+            return self._beat_once(client)
+
+    def _beat_once(self, client: MasterClient | None) -> str:
+        with self._state_lock:
+            round_index = self._round
+            steps, records, saves, taken = self._drain() if round_index is not None else ({}, [], {}, {})
+            tails = dict(self._tails)
+            workers = {str(w.rank): w.pid for w in self.workers if w.poll() is None} if round_index is not None else {}
+        try:
+            answer = self._call("heartbeat", {
+                "round": -1 if round_index is None else round_index, "workers": workers,
+                "steps": {str(k): v for k, v in steps.items()}, "records": records,
+                "saves": {str(k): v for k, v in saves.items()}, "pid": os.getpid(),
+            }, client=client)
+        except MasterUnavailableError:
+            with self._state_lock:  # deliver them with the next heartbeat
+                for rank, records_taken in taken.items():
+                    tails[rank].put_back(records_taken)
+            raise
+        action = str(answer.get("action", "none"))
+        if round_index is None:
+            return "none"
+        if action != "none":
+            with self._state_lock:
+                if self._round == round_index and self._ordered is None:
+                    self._ordered = (round_index, action)
+        return action
         if self._signal is not None:
             log.info("agent_signalled", node_id=self.node_id, signal=signal.Signals(self._signal).name)
             return 128 + self._signal
@@ -165,12 +279,12 @@ class ElasticAgent:
     # ----- rendezvous --------------------------------------------------------------------
 
     def _rendezvous(self) -> dict[str, Any] | None:
-        answer = self.client.call("join", {"node_id": self.node_id, "nproc": self.nproc})
+        answer = self._call("join", {"nproc": self.nproc})
         if answer.get("action") == "stop":
             return None
         deadline = time.monotonic() + self.job.nodes.join_timeout_s
         while not self._stop.is_set():
-            answer = self.client.call("poll", {"node_id": self.node_id})
+            answer = self._call("poll", {})
             if answer["state"] == "ready":
                 log.info("rendezvous_ready", node_id=self.node_id, round=answer["round"],
                          node_rank=answer["node_rank"], world_size=answer["world_size"])
@@ -179,11 +293,10 @@ class ElasticAgent:
                 return None
             self._breakpoint_tick(restored=False)
             if answer["state"] == "rejoin":
-                self.client.call("join", {"node_id": self.node_id, "nproc": self.nproc})
+                self._call("join", {"nproc": self.nproc})
             if answer["state"] == "check":
                 result = self._node_check(answer)
-                self.client.call("node_check", {"node_id": self.node_id, "check_round": answer["check_round"],
-                                                "result": result})
+                self._call("node_check", {"check_round": answer["check_round"], "result": result})
                 continue
             if time.monotonic() > deadline:
                 raise RendezvousError(f"node {self.node_id}: no round formed within nodes.join_timeout_s="
@@ -206,13 +319,11 @@ class ElasticAgent:
             try:
                 stdout, stderr = proc.communicate(timeout=self.job.failure.heartbeat_interval_s)
                 break
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired:  # (the heartbeat thread keeps the node alive meanwhile)
                 if time.monotonic() > deadline:
                     proc.kill()
                     stdout, stderr = proc.communicate()
                     break
-                # keep heartbeating while the check runs, or the node looks lost
-                self.client.call("heartbeat", {"node_id": self.node_id, "round": -1, "pid": os.getpid()})
         lines = [line for line in stdout.splitlines() if line.startswith("{")]
         result = json.loads(lines[-1]) if lines else {"ok": False, "error": (stderr or "no result")[-500:]}
         if proc.returncode is None or (time.monotonic() > deadline and not lines):
@@ -234,7 +345,7 @@ class ElasticAgent:
             env = {**os.environ, **worker_env(
                 self.job, job_id=self.job_id, node_id=self.node_id, world=world, local_rank=local_rank,
                 master_addr=self.client.addr, accelerator=self.accelerator, progress_file=str(progress),
-                log_dir=str(self.log_dir), agent_pid=os.getpid(),
+                log_dir=str(self.log_dir), agent_pid=os.getpid(), agent_token=self.token,
             ), "DLROVER_STACK_FILE": str(self._stack_file(int(world["round"]), rank))}
             standby = self._take_standby()
             worker = WorkerProcess(rank=rank, local_rank=local_rank, argv=argv, env=env, cwd=self.job.workdir,
@@ -296,6 +407,8 @@ class ElasticAgent:
         timeout = self._hang_timeout_s()
         if timeout is None:
             return []
+        if self.saver is not None and self.saver.busy():
+            return []  # a worker waiting for a free snapshot slot waits for the storage, not hung
         now = time.monotonic()
         hung = []
         for w in self.workers:
@@ -327,15 +440,34 @@ class ElasticAgent:
             written.append(str(path))
         return written
 
+    def _dump_stalled(self, round_index: int) -> None:
+        """Before stopping workers on the master's order: dump the stacks of those without
+        progress for half the hang timeout — another node saw the hang first, and these
+        are likely stuck in the same collective (their stacks say where)."""
+        timeout = self._hang_timeout_s()
+        if timeout is None:
+            return
+        now = time.monotonic()
+        stalled = [w for w in self.workers
+                   if w.poll() is None and now - self._tails[w.rank].last_progress > timeout / 2]
+        if stalled:
+            stacks = self._dump_stacks(round_index, stalled)
+            log.warning("workers_stalled", node_id=self.node_id, ranks=[w.rank for w in stalled], stacks=stacks)
+
     def _on_hang(self, round_index: int, hung: list[WorkerProcess]) -> str:
         timeout = self._hang_timeout_s()
         stacks = self._dump_stacks(round_index, self.workers)
         log.warning("workers_hung", node_id=self.node_id, ranks=[w.rank for w in hung], timeout_s=timeout,
                     steps={w.rank: self._tails[w.rank].last_step for w in hung}, stacks=stacks)
+        now = time.monotonic()
         failures = [{"rank": w.rank, "local_rank": w.local_rank, "exit_code": None, "kind": "hang",
+                     "silent_s": round(now - self._tails[w.rank].last_progress, 3),
                      "detail": f"no progress for {timeout:g} s at step {self._tails[w.rank].last_step}; stacks: "
                                f"{self._stack_file(round_index, w.rank)}"} for w in hung]
-        return self._report_failures(round_index, failures)
+        # report first and stop a moment later: the other nodes' workers hang in the same
+        # collective, and their agents dump those stacks (on their own timeout, or on the
+        # master's order) before our workers' exit resets the connections they wait on
+        return self._report_failures(round_index, failures, stop_after_s=_PEER_DUMP_GRACE_S)
 
     def _stop_workers(self) -> None:
         if self.workers:
@@ -360,31 +492,56 @@ class ElasticAgent:
             self._breakpoint_due = None
             self.saver.request_breakpoint()
 
-    def _drain(self) -> tuple[dict[int, int], list[dict[str, Any]]]:
-        """New progress: every local rank's newest step, and rank 0's records."""
+    def _drain(self) -> tuple[dict[int, int], list[dict[str, Any]], dict[int, list[int]], dict[int, list]]:
+        """New progress (call with ``_state_lock`` held): every local rank's newest step,
+        rank 0's records, the steps each rank saved for storage, and what was taken from
+        each tail (to put back if the master does not answer). Records read elsewhere (a
+        failure report reads the tails for exception records) are forwarded too."""
         records: list[dict[str, Any]] = []
+        saves: dict[int, list[int]] = {}
+        taken: dict[int, list] = {}
         for rank, tail in self._tails.items():
-            new = tail.read()
+            tail.read()
+            new = taken[rank] = tail.take_unsent()
             if rank == 0:
                 records.extend(new)
+            persisted = [int(r["step"]) for r in new if r.get("type") == "checkpoint" and r.get("persist")]
+            if persisted:
+                saves[rank] = persisted
         steps = {rank: tail.last_step for rank, tail in self._tails.items() if tail.last_step >= 0}
-        return steps, records
+        return steps, records, saves, taken
 
     def _heartbeat(self, round_index: int) -> str:
-        steps, records = self._drain()
-        answer = self.client.call("heartbeat", {
-            "node_id": self.node_id, "round": round_index,
-            "workers": {str(w.rank): w.pid for w in self.workers if w.poll() is None},
-            "steps": {str(k): v for k, v in steps.items()}, "records": records, "pid": os.getpid(),
-        })
-        return answer["action"]
+        """A heartbeat from the main thread (the last progress before a failure report)."""
+        return self._beat()
 
     def _run_round(self, world: dict[str, Any]) -> str:
         """Run one round's workers; return ``"restart"`` or ``"stop"``."""
         round_index = int(world["round"])
-        self._start_workers(world)
-        interval = self.job.failure.heartbeat_interval_s
-        last_beat = 0.0
+        self._start_workers(world)  # (the heartbeat thread does not look at workers between rounds)
+        with self._state_lock:
+            self._round, self._ordered = round_index, None
+        try:
+            return self._watch_round(round_index)
+        finally:
+            with self._state_lock:
+                self._round = None
+
+    def _final_flush(self, round_index: int) -> str | None:
+        """The workers succeeded: wait (bounded) until their last checkpoints are durable.
+        If they are not, report it as fatal (the job ends FAILED naming the storage) and
+        return ``"stop"``; ``None`` when all is durable."""
+        if self.saver is None:
+            return None
+        result = self.saver.flush(self.job.checkpoint.persist_timeout_s)
+        if result.ok:
+            return None
+        log.error("checkpoint_not_durable", node_id=self.node_id, round=round_index, reason=result.reason)
+        answer = self._call("checkpoint_error", {"rank": None, "step": result.step, "error": result.reason,
+                                                 "storage": self.saver.storage.url, "fatal": True})
+        return "stop" if answer.get("action", "stop") != "restart" else "restart"
+
+    def _watch_round(self, round_index: int) -> str:
         reported_success = False
         while not self._stop.is_set():
             codes = [(w, w.poll()) for w in self.workers]
@@ -401,25 +558,26 @@ class ElasticAgent:
             if not reported_success and all(c == 0 for _, c in codes):
                 for w in self.workers:
                     w.join_output()
-                if self.saver is not None:
-                    self.saver.flush()  # the final checkpoint is committed before the job ends
+                not_durable = self._final_flush(round_index)  # the final checkpoint is committed first
+                if not_durable is not None:
+                    return not_durable
                 self._heartbeat(round_index)
                 log.info("workers_succeeded", node_id=self.node_id, round=round_index)
-                answer = self.client.call("succeeded", {"node_id": self.node_id, "round": round_index})
+                answer = self._call("succeeded", {"round": round_index})
                 reported_success = True
                 if answer["action"] != "none":
                     return "stop" if answer["action"] == "stop" else "restart"
-            now = time.monotonic()
-            if now - last_beat >= interval:
-                last_beat = now
-                action = self._heartbeat(round_index)
-                if action != "none":
-                    log.info("master_ordered", node_id=self.node_id, action=action, round=round_index)
-                    self._stop_workers()
-                    self._report_late_exceptions(round_index)
-                    if action == "restart":
-                        self._save_at_breakpoint()
-                    return action
+            with self._state_lock:
+                ordered = self._ordered if self._ordered and self._ordered[0] == round_index else None
+            if ordered is not None:
+                action = ordered[1]
+                log.info("master_ordered", node_id=self.node_id, action=action, round=round_index)
+                self._dump_stalled(round_index)
+                self._stop_workers()
+                self._report_late_exceptions(round_index)
+                if action == "restart":
+                    self._save_at_breakpoint()
+                return action
             self._stop.wait(_POLL_S)
         return "stop"
 
@@ -428,7 +586,9 @@ class ElasticAgent:
             log.warning("worker_exited", node_id=self.node_id, rank=w.rank, local_rank=w.local_rank, exit_code=code)
         for w, _ in failed:
             w.join_output()
-            self._tails[w.rank].read()  # an uncaught exception's record, if the worker wrote one
+        with self._state_lock:
+            for w, _ in failed:
+                self._tails[w.rank].read()  # an uncaught exception's record, if the worker wrote one
         failures = []
         for w, code in failed:
             exc = self._tails[w.rank].exception
@@ -441,18 +601,27 @@ class ElasticAgent:
         """Workers that died of an exception while the master's restart order was on its way
         still tell the master what killed them (it looks for the same error on every rank)."""
         failures = []
+        with self._state_lock:
+            for tail in self._tails.values():
+                tail.read()
         for rank, tail in self._tails.items():
-            tail.read()
             if tail.exception is not None:
                 failures.append({"rank": rank, "local_rank": rank - min(self._tails), "exit_code": None,
                                  "kind": "exception", "exception": tail.exception})
         if failures:
-            self.client.call("failure", {"node_id": self.node_id, "round": round_index, "failures": failures})
+            self._call("failure", {"round": round_index, "failures": failures})
 
-    def _report_failures(self, round_index: int, failures: list[dict[str, Any]]) -> str:
-        self._stop_workers()
+    def _report_failures(self, round_index: int, failures: list[dict[str, Any]], *,
+                         stop_after_s: float | None = None) -> str:
+        """Stop the workers and report ``failures``; with ``stop_after_s``, report first and
+        stop the workers that long after (a hang: see :meth:`_on_hang`)."""
+        if stop_after_s is None:
+            self._stop_workers()
         self._heartbeat(round_index)  # forward the last progress before the failure
-        answer = self.client.call("failure", {"node_id": self.node_id, "round": round_index, "failures": failures})
+        answer = self._call("failure", {"round": round_index, "failures": failures})
+        if stop_after_s is not None:
+            self._stop.wait(stop_after_s)
+            self._stop_workers()
         # the master has told everyone to restart; persist what memory holds before rejoining
         self._save_at_breakpoint()
         return "stop" if answer["action"] == "stop" else "restart"

@@ -40,6 +40,7 @@ def worker_env(
     progress_file: str,
     log_dir: str,
     agent_pid: int,
+    agent_token: int = 0,
 ) -> dict[str, str]:
     """The variables set for one worker on top of the agent's environment.
 
@@ -74,6 +75,7 @@ def worker_env(
         env.MASTER_ADDR: master_addr,
         env.NODE_ID: str(node_id),
         env.ROUND: str(world["round"]),
+        env.AGENT_TOKEN: str(agent_token),
         env.ACCELERATOR: accelerator.name,
         env.PROGRESS_FILE: progress_file,
         env.WATCH_PID: str(agent_pid),

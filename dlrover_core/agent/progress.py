@@ -24,6 +24,18 @@ class ProgressTail:
         self.last_progress = started
         self.step_times: list[float] = []
         self.exception: dict[str, Any] | None = None
+        #: records read but not yet forwarded to the master (see :meth:`take_unsent`)
+        self.unsent: list[dict[str, Any]] = []
+
+    def take_unsent(self) -> list[dict[str, Any]]:
+        """Every record read so far and not taken yet — whoever read it (a heartbeat, a
+        failure report looking for an exception record) — in file order."""
+        taken, self.unsent = self.unsent, []
+        return taken
+
+    def put_back(self, records: list[dict[str, Any]]) -> None:
+        """Records taken but not delivered (the master did not answer): send them next time."""
+        self.unsent[:0] = records
 
     def read(self) -> list[dict[str, Any]]:
         try:
@@ -53,4 +65,5 @@ class ProgressTail:
             records.append(record)
         if records:
             self.last_progress = time.monotonic()
+            self.unsent.extend(records)
         return records

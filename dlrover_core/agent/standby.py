@@ -59,6 +59,9 @@ def main() -> None:
         import torch
 
         torch.set_num_threads(int(threads))
+    from dlrover_core.train.progress import install_excepthook
+
+    install_excepthook()  # an exception at import of the entrypoint is recorded for the master too
     _run(spec["argv"])
 
 

@@ -8,7 +8,13 @@ Under a dlrover agent:
   background and the master commits a step when every rank's shard is durable.
 * ``load`` asks the master which restore wins: from memory when every rank holds the same
   newest step (after a worker restart on live nodes), else the last committed step from
-  storage, else a fresh start. It logs which, and how long it took.
+  storage, else a fresh start. A storage step is checked first on every rank (header and
+  CRC32): if one rank's shard is damaged, every rank falls back to the previous intact
+  committed step. It logs which, and how long it took.
+* Every rank must save the same steps, and a loop must go on from the step ``load``
+  restored: a rank that skips a step others save for storage fails the job at once (the
+  master sees it), and ``save`` or ``train.report`` of a step already restored raises
+  :class:`~dlrover_core.errors.CheckpointError`.
 
 Without memory (``Checkpoint(memory_every_steps=0)``, a /dev/shm too small for the state, or
 no agent) ``save`` writes the shard to storage itself (staging name, fsync, rename) and the
@@ -16,9 +22,13 @@ step is committed by the master — or, with no master, by rank 0 after a barrie
 
 Storage layout (one directory per step, one self-contained safetensors file per rank)::
 
-    step_0000000150/rank_00000.safetensors   tensors + the JSON tree of the rest
-    step_0000000150/checkpoint.json          {"step", "world_size", "shards": {rank: {crc32, bytes}}}
-    latest                                   "150" — written last, atomically: the commit
+    step_0000000150/rank_00000-round2.safetensors   tensors + the JSON tree of the rest
+    step_0000000150/checkpoint.json   {"step", "world_size", "round", "shards": {rank: {file, crc32, bytes, round}}}
+    latest                            "150" — written last, atomically: the commit
+
+A shard's name carries the incarnation (rendezvous round) that wrote it, so a late write of
+a stale incarnation never replaces a file a commit names; ``checkpoint.json`` names the
+files of the commit (format 1 had ``rank_00000.safetensors``, still loaded).
 
 Loading never unpickles anything. DTensor (FSDP2) states are saved as each rank's shard with
 its global offsets, and are loaded at another world size through
@@ -128,6 +138,8 @@ class Checkpointer:
         self._job_id = os.environ.get(env.JOB_ID, "")
         self._node_id = os.environ.get(env.NODE_ID)
         self._round = int(os.environ.get(env.ROUND, "0"))
+        self._agent = int(os.environ.get(env.AGENT_TOKEN, "0") or 0)
+        self.restored_step: int | None = None  # the step load() restored (a save at or below it is a replay)
         self._client = None
         if os.environ.get(env.MASTER_ADDR) and self._node_id is not None:
             from dlrover_core.master.client import MasterClient
@@ -144,7 +156,9 @@ class Checkpointer:
 
     def _snapshots(self, rank: int) -> MemorySnapshots | None:
         if self._memory is None and self._memory_off_reason is None:
-            self._memory = MemorySnapshots(job_id=self._job_id, node_id=int(self._node_id or 0), rank=rank)
+            self._memory = MemorySnapshots(job_id=self._job_id, node_id=int(self._node_id or 0), rank=rank,
+                                           agent=self._agent, round_index=self._round,
+                                           wait_timeout_s=self.config.persist_timeout_s)
         return self._memory
 
     def _disable_memory(self, reason: str) -> None:
@@ -171,13 +185,17 @@ class Checkpointer:
         asks for it to be persisted); return whether a checkpoint was taken.
 
         With memory, blocks only for the copy into shared memory; persistence is
-        asynchronous, and a step due for persistence that is still waiting while a newer one
-        becomes due is superseded by the newer (only the newest is committed: a burst of
-        forced saves commits its last step, not each one). Without memory, blocks until this
-        rank's shard is durable in storage, so every persisted step is committed.
+        asynchronous, and every step due for persistence is persisted and committed: when
+        both of the rank's slots still wait for their persist (the storage writes slower
+        than steps ask for it), a save asking for persistence waits for a free slot
+        (backpressure, logged as ``checkpoint_backpressure``) and a memory-only save is
+        skipped (returns False). Without memory, blocks until this rank's shard is durable
+        in storage. Every rank must save the same steps.
 
         Raises:
-            CheckpointError: ``state`` holds an unsupported type, or storage failed (disk-only).
+            CheckpointError: ``state`` holds an unsupported type; storage failed (disk-only);
+                no slot was freed within ``Checkpoint.persist_timeout_s``; or ``step`` is at
+                or below the step ``load()`` restored (the loop replays trained steps).
         """
         from dlrover_core.train.progress import get_writer
 
@@ -186,6 +204,11 @@ class Checkpointer:
         to_memory = every > 0 and step % every == 0
         if not (persist or to_memory):
             return False
+        if self.restored_step is not None and step <= self.restored_step:
+            raise CheckpointError(
+                f"save(step={step}) after load() restored step {self.restored_step}: steps up to "
+                f"{self.restored_step} are already trained; resume the loop at restored.step + 1 "
+                f"(for step in range(restored.step + 1, steps)), or these steps are trained twice")
         t0 = time.monotonic()
         rank, world_size = _rank_world()
         layout = build_layout({"state": state, "rng": get_rng_state()}, step=step, rank=rank, world_size=world_size)
@@ -193,10 +216,15 @@ class Checkpointer:
         where = "memory"
         if snapshots is not None:
             try:
-                snapshots.save(layout, step=step, world_size=world_size, persist=persist)
+                if not snapshots.save(layout, step=step, world_size=world_size, persist=persist):
+                    return False  # a memory-only save while both slots wait for storage: skipped
             except ShmTooSmall as exc:
                 self._disable_memory(str(exc))
                 snapshots = None
+            if snapshots is not None and snapshots.waited_s > 0.05:
+                log.warning("checkpoint_backpressure", step=step, waited_s=round(snapshots.waited_s, 3),
+                            reason="both snapshot slots waited for their persist: the storage writes slower "
+                                   "than checkpoint.persist_every_steps asks")
         if snapshots is None:
             if not persist:
                 return False
@@ -213,13 +241,15 @@ class Checkpointer:
     def _persist_direct(self, step: int, rank: int, world_size: int, layout: Any) -> None:
         """Write this rank's shard to storage and get the step committed."""
         t0 = time.monotonic()
+        path = shard_path(step, rank, self._round)
         try:
-            with self.storage.open_write(shard_path(step, rank)) as f:
+            with self.storage.open_write(path) as f:
                 crc = _CrcWriter(f)
                 layout.write_to(crc)
         except OSError as exc:
             raise CheckpointError(f"writing step {step} rank {rank} to {self.storage.url!r} failed: {exc}") from exc
         info = {"node_id": int(self._node_id or 0), "rank": rank, "step": step, "world_size": world_size,
+                "round": self._round, "file": path.rsplit("/", 1)[-1], "token": self._agent or None,
                 "crc32": crc.crc, "bytes": layout.data_len, "persist_s": round(time.monotonic() - t0, 6)}
         if self._client is not None:
             self._client.call("checkpoint_shard", info)
@@ -230,29 +260,70 @@ class Checkpointer:
 
             coordinator = CheckpointCoordinator(self.storage, keep_last=self.config.keep_last, event=lambda *a, **k: None)
             for r in range(world_size):
-                coordinator.shard_done(step=step, rank=r, world_size=world_size, info={})
+                coordinator.shard_done(step=step, rank=r, world_size=world_size, round_index=self._round,
+                                       info={"file": shard_path(step, r, self._round).rsplit("/", 1)[-1],
+                                             "round": self._round})
         _barrier()
 
     # ----- load ------------------------------------------------------------------------
 
-    def _plan(self, rank: int, world_size: int) -> tuple[str, int | None]:
+    def _plan(self, rank: int, world_size: int) -> dict[str, Any]:
+        """The restore decision every rank agreed on through the master (``source``,
+        ``step``, and for memory ``snapshot_round``)."""
         snapshots = self._snapshots(rank) if self._client is not None else None
-        held = snapshots.held_steps(world_size) if snapshots is not None else []
         if self._client is None:
             latest = self.storage.latest_step()
-            return ("storage", latest) if latest is not None else ("fresh", None)
+            return {"source": "storage", "step": latest} if latest is not None else {"source": "fresh", "step": None}
+        held = snapshots.held(world_size) if snapshots is not None else []
+        answer = self._ask("restore_plan", {"round": self._round, "rank": rank, "world_size": world_size,
+                                            "memory": [list(h) for h in held],
+                                            "memory_steps": sorted({s for s, _ in held})})
+        if answer["state"] == "failed":
+            raise CheckpointError(answer["reason"])
+        return answer
+
+    def _ask(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Call ``endpoint`` until the master answers anything but ``waiting`` (every rank
+        has spoken), at most ``Failure.collective_timeout_s``."""
         from dlrover_core.train.context import current_job
 
+        assert self._client is not None
         job = current_job()
-        deadline = time.monotonic() + (job.failure.collective_timeout_s if job is not None else 300.0)
+        timeout_s = job.failure.collective_timeout_s if job is not None else 300.0
+        deadline = time.monotonic() + timeout_s
         while True:
-            answer = self._client.call("restore_plan", {"round": self._round, "rank": rank, "world_size": world_size,
-                                                       "memory_steps": held})
-            if answer["state"] == "ready":
-                return answer["source"], answer["step"]
+            answer = self._client.call(endpoint, body)
+            if answer["state"] != "waiting":
+                return answer
             if time.monotonic() > deadline:
-                raise CheckpointError(f"ranks did not agree on a restore within {deadline:g} s (rank {rank} waited)")
+                raise CheckpointError(f"ranks did not agree on a restore within {timeout_s:g} s "
+                                      f"(rank {body.get('rank')} waited in {endpoint})")
             time.sleep(0.005)
+
+    def _verified_storage_step(self, step: int, rank: int, world_size: int) -> tuple[int, bytes, dict[str, Any]]:
+        """Read and check this rank's shard of ``step``; agree with every rank through the
+        master; on a damaged shard anywhere, go to the previous intact committed step.
+        Returns ``(step, shard bytes, checkpoint.json)``."""
+        while True:
+            try:
+                data, meta = self._read_shard(step, rank)
+                ok, error = True, ""
+            except CheckpointError as exc:
+                data, meta, ok, error = b"", {}, False, str(exc)
+                log.error("checkpoint_shard_damaged", rank=rank, step=step, error=error)
+            if self._client is None:
+                if not ok:
+                    raise CheckpointError(error)
+                return step, data, meta
+            answer = self._ask("restore_verify", {"round": self._round, "rank": rank, "world_size": world_size,
+                                                  "step": step, "ok": ok, "error": error})
+            if answer["state"] == "ok":
+                return step, data, meta
+            if answer["state"] == "failed":
+                raise CheckpointError(answer["reason"])
+            log.warning("checkpoint_fallback", rank=rank, damaged_step=step, step=int(answer["step"]),
+                        reason=answer.get("reason"))
+            step = int(answer["step"])
 
     def load(self, state: dict[str, Any] | None = None) -> Restored | None:
         """Restore the newest checkpoint every rank can load, or return ``None`` (fresh start).
@@ -260,17 +331,20 @@ class Checkpointer:
         RNG states are restored as a side effect. When ``state`` is given, each of its values
         with ``load_state_dict`` gets the saved value of the same key (DTensor / FSDP2
         states are resharded when the world size changed), and tensors are copied in place.
-        Every rank must call it (it agrees with the others through the master).
+        Every rank must call it (it agrees with the others through the master). A storage
+        step whose shard fails its header or CRC check on any rank is skipped by every rank
+        for the previous intact committed step (logged as ``checkpoint_fallback``).
 
         Raises:
-            CheckpointError: the checkpoint is unreadable, fails its CRC, or lacks a key of
+            CheckpointError: no committed step is intact, or the checkpoint lacks a key of
                 ``state``.
         """
         from dlrover_core.train.progress import get_writer
 
         t0 = time.monotonic()
         rank, world_size = _rank_world()
-        source, step = self._plan(rank, world_size)
+        plan = self._plan(rank, world_size)
+        source, step = plan["source"], plan["step"]
         if source == "fresh" or step is None:
             log.info("checkpoint_fresh_start", rank=rank, dir=self.storage.url)
             if self._memory is not None:
@@ -279,37 +353,56 @@ class Checkpointer:
             return None
         if source == "memory":
             assert self._memory is not None
-            with self._memory.read(step, world_size) as (views, metadata):
+            with self._memory.read(step, world_size, plan.get("snapshot_round")) as (views, metadata):
                 restored = _restore(json.loads(metadata[TREE_KEY]), views, state, copy=True)
         else:
-            restored = self._load_storage(step, rank, world_size, state)
-        if self._memory is not None:
-            self._memory.forget_after(step)  # newer snapshots belong to an abandoned lineage
+            step, data, meta = self._verified_storage_step(step, rank, world_size)
+            restored = self._load_storage(step, rank, world_size, state, data=data, meta=meta)
+        if self._memory is not None:  # newer snapshots belong to an abandoned lineage
+            self._memory.forget_after(step, keep_round=plan.get("snapshot_round") if source == "memory" else None)
         rng = restored.get("rng")
         if rng is not None:
             set_rng_state(rng)
         load_s = time.monotonic() - t0
+        self.restored_step = step
         writer = get_writer()
         writer.write({"type": "restore", "step": step, "source": source, "load_s": round(load_s, 6)})
         writer.mark()
         log.info("checkpoint_restored", rank=rank, step=step, source=source, load_s=round(load_s, 4))
         return Restored(step=step, state=restored["state"], source=source, load_s=load_s)
 
-    def _load_storage(self, step: int, rank: int, world_size: int, state: dict[str, Any] | None) -> dict[str, Any]:
+    def _read_shard(self, step: int, rank: int) -> tuple[bytes, dict[str, Any]]:
+        """This rank's shard of committed ``step`` (or rank 0's when the step was saved by
+        fewer ranks), checked: ``checkpoint.json`` readable, header parseable, CRC32 equal to
+        the committed one. Raises CheckpointError naming what is wrong."""
         try:
             meta = json.loads(self.storage.read(f"{step_dir(step)}/checkpoint.json"))
             saved_world = int(meta["world_size"])
             src_rank = rank if rank < saved_world else 0
-            data = self.storage.read(shard_path(step, src_rank))
+            entry = (meta.get("shards") or {}).get(str(src_rank), {})
+            name = entry.get("file")
+            path = f"{step_dir(step)}/{name}" if name else shard_path(step, src_rank)
+            data = self.storage.read(path)
         except (OSError, KeyError, ValueError) as exc:
-            raise CheckpointError(f"committed step {step} in {self.storage.url!r} is unreadable: {exc}") from exc
-        expected = (meta.get("shards") or {}).get(str(src_rank), {}).get("crc32")
-        entries, metadata, start = parse_header(data)
+            raise CheckpointError(f"committed step {step} in {self.storage.url!r} is unreadable: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+        entries, _, start = parse_header(data)
+        expected = entry.get("crc32")
         if expected is not None:
             data_len = max((e["data_offsets"][1] for e in entries.values()), default=0)
             actual = zlib.crc32(memoryview(data)[start : start + data_len])
             if actual != expected:
-                raise CheckpointError(f"step {step} rank {src_rank}: CRC32 {actual:#x} != committed {expected:#x} (corrupt file)")
+                raise CheckpointError(f"step {step} rank {src_rank}: CRC32 {actual:#x} != committed {expected:#x} "
+                                      "(corrupt file)")
+        return data, meta
+
+    def _load_storage(self, step: int, rank: int, world_size: int, state: dict[str, Any] | None, *,
+                      data: bytes | None = None, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        if data is None or meta is None:
+            data, meta = self._read_shard(step, rank)
+        saved_world = int(meta["world_size"])
+        src_rank = rank if rank < saved_world else 0
+        entries, metadata, start = parse_header(data)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # read-only buffer: the views are only read
             views = tensor_views(data, start, entries)
@@ -319,7 +412,8 @@ class Checkpointer:
             tree = _without_rng(tree)
         if state is not None and (saved_world != world_size or _shards_differ(views, state)):
             views = _reshard(Path(self.storage.url.removeprefix("file://")) / step_dir(step), views, state,
-                             storage=self.storage, sharded=json.loads(metadata.get(DTENSORS_KEY, "[]")))
+                             storage=self.storage, sharded=json.loads(metadata.get(DTENSORS_KEY, "[]")),
+                             files=[s["file"] for s in (meta.get("shards") or {}).values() if "file" in s])
         return _restore(tree, views, state, copy=True)
 
 
@@ -364,7 +458,7 @@ def _shards_differ(views: dict[str, Any], state: dict[str, Any]) -> bool:
 
 
 def _reshard(step_path: Path, views: dict[str, Any], state: dict[str, Any], *, storage: Any,
-             sharded: list[str]) -> dict[str, Any]:
+             sharded: list[str], files: list[str] | None = None) -> dict[str, Any]:
     """Fill the targets' tensors from every rank's file of the step with DCP (resharding).
 
     ``sharded`` names the saved keys that were DTensor shards: each needs a target tensor
@@ -386,8 +480,15 @@ def _reshard(step_path: Path, views: dict[str, Any], state: dict[str, Any], *, s
             f"cannot reshard {len(missing)} saved shard(s) into targets that lack them (e.g. {missing[0]!r}); "
             "an optimizer has no state before its first step: pass train.ModelOptimizerState(model, optimizer), "
             "which allocates it (torch.distributed.checkpoint.state_dict)")
-    dcp.load(wanted, storage_reader=HuggingFaceStorageReader(str(step_path)),
-             planner=DefaultLoadPlanner(allow_partial_load=True))
+    import tempfile
+
+    # DCP's reader takes every *.safetensors file of a directory: give it only the commit's
+    # files (a late write of a stale incarnation may lie beside them)
+    with tempfile.TemporaryDirectory(prefix="dlrover-reshard-") as tmp:
+        for name in files or [p.name for p in step_path.glob("*.safetensors")]:
+            os.symlink(step_path / name, Path(tmp) / name)
+        dcp.load(wanted, storage_reader=HuggingFaceStorageReader(tmp),
+                 planner=DefaultLoadPlanner(allow_partial_load=True))
     return {**views, **wanted}
 
 

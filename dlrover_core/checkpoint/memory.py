@@ -1,16 +1,24 @@
 """A rank's two shared-memory slots, as the worker sees them: save a snapshot, find and read
-snapshots, forget an abandoned lineage.
+snapshots, abandon a lineage the job went back from.
 
 A save writes into a slot that no one is reading (the persister holds a shared lock on the
-slot it persists) and that does not hold a snapshot still waiting for its persist — the
-older slot if it may go, else the newer one. So a save never waits for, nor overwrites, a
-snapshot being persisted or due to be, and the newest complete snapshot other than the one
-being written is always intact.
+slot it persists) and that does not hold a snapshot still waiting for its persist. So a
+save never overwrites a snapshot being persisted or due to be, and the newest complete
+snapshot other than the one being written is always intact.
+
+When both slots hold snapshots waiting for their persist (persists requested faster than
+the storage writes them), a save that asks for persistence waits for the persister to free
+a slot — backpressure, as ``torch.distributed.checkpoint.async_save`` gives when its
+previous future is awaited — and one that does not is skipped. No snapshot due for
+persistence is ever dropped: every rank persists the same steps, so every such step can be
+committed (dropping the older of two requests, decided by each rank's timing alone, let
+ranks persist different steps and none was ever committed).
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,11 +31,14 @@ from dlrover_core.checkpoint.shm import (
     segment_name,
     shm_free_bytes,
 )
+from dlrover_core.errors import CheckpointError
 
 __all__ = ["MemorySnapshots", "ShmTooSmall"]
 
 SLOTS = 2
 _ALIGN = 4096
+#: Seconds between looks at the slots while a save waits for the persister.
+_WAIT_POLL_S = 0.005
 
 
 def _align(n: int, to: int = _ALIGN) -> int:
@@ -51,74 +62,105 @@ class MemorySnapshots:
     """The worker side of a rank's snapshot slots in /dev/shm.
 
     Args:
-        job_id, node_id, rank: name the segments (``dlrover-<job>-n<node>-r<rank>-s<slot>``).
+        job_id, node_id, rank: name the segments (``dlrover-<job>-n<node>-a<agent>-r<rank>-s<slot>``).
+        agent: the fencing token of the node's agent (names the segments).
+        round_index: the rendezvous round of this worker, recorded in every snapshot.
+        wait_timeout_s: longest a save waits for the persister to free a slot (seconds).
     """
 
-    def __init__(self, *, job_id: str, node_id: int, rank: int) -> None:
+    def __init__(self, *, job_id: str, node_id: int, rank: int, agent: int = 0, round_index: int = 0,
+                 wait_timeout_s: float = 600.0) -> None:
         self.rank = rank
+        self.round = round_index
+        self.wait_timeout_s = wait_timeout_s
+        self.waited_s = 0.0  # seconds the last save waited for the persister
         self.slots = []
         for s in range(SLOTS):
-            slot = SnapshotSlot.open(segment_name(job_id, node_id, rank, s), create=True)
+            slot = SnapshotSlot.open(segment_name(job_id, node_id, rank, s, agent), create=True)
             assert slot is not None
             self.slots.append(slot)
         headers = [h for h in (slot.header() for slot in self.slots) if h is not None]
         self._seq = max((h.seq for h in headers), default=0)
 
-    def _valid(self) -> list[tuple[SnapshotSlot, SlotHeader]]:
+    def _live(self) -> list[tuple[SnapshotSlot, SlotHeader]]:
         out = []
         for slot in self.slots:
             h = slot.header()
-            if h is not None and h.valid and h.rank == self.rank:
+            if h is not None and h.live and h.rank == self.rank:
                 out.append((slot, h))
         return out
 
+    def held(self, world_size: int) -> list[tuple[int, int]]:
+        """``(step, round)`` of the complete snapshots of this rank taken at ``world_size``
+        (``round``: the incarnation that wrote it)."""
+        return sorted((h.step, h.round) for _, h in self._live() if h.world_size == world_size)
+
     def held_steps(self, world_size: int) -> list[int]:
         """Steps of the complete snapshots of this rank taken at ``world_size``."""
-        return sorted(h.step for _, h in self._valid() if h.world_size == world_size)
+        return sorted({step for step, _ in self.held(world_size)})
 
-    def save(self, layout: Layout, *, step: int, world_size: int, persist: bool) -> None:
-        """Copy ``layout``'s tensors into a free slot and publish it.
+    def _free(self, slot: SnapshotSlot) -> tuple[int, int] | None:
+        """How good a target ``slot`` is for the next save (lower first), or ``None`` when
+        it holds a snapshot waiting for its persist."""
+        h = slot.header()
+        if h is None or not h.live or h.rank != self.rank:
+            return (0, 0)
+        if h.awaiting_persist:
+            return None
+        return (1, h.seq)
+
+    def _lock_free_slot(self, *, wait: bool) -> SnapshotSlot | None:
+        """A slot locked exclusively that holds nothing waiting for a persist; with
+        ``wait``, waits for the persister to free one (at most ``wait_timeout_s``)."""
+        t0 = time.monotonic()
+        while True:
+            ranked = sorted(((p, i) for i, slot in enumerate(self.slots) if (p := self._free(slot)) is not None))
+            for _, i in ranked:
+                slot = self.slots[i]
+                if slot.try_lock(exclusive=True):  # the persister's shared lock keeps us out
+                    if self._free(slot) is not None:
+                        self.waited_s = time.monotonic() - t0
+                        return slot
+                    slot.unlock()
+            if not wait:
+                return None
+            if time.monotonic() - t0 > self.wait_timeout_s:
+                raise CheckpointError(
+                    f"rank {self.rank}: both snapshot slots still wait for their persist after "
+                    f"{self.wait_timeout_s:g} s (checkpoint.persist_timeout_s): the checkpoint storage is not "
+                    "writing; see the agent's log for the storage error")
+            time.sleep(_WAIT_POLL_S)
+
+    def save(self, layout: Layout, *, step: int, world_size: int, persist: bool) -> bool:
+        """Copy ``layout``'s tensors into a free slot and publish it; return whether it was
+        saved (a save without ``persist`` is skipped when no slot is free).
 
         Raises:
             ShmTooSmall: /dev/shm cannot hold the slots (checked before allocating).
+            CheckpointError: ``persist`` and no slot was freed within ``wait_timeout_s``.
             OSError: allocation failed anyway (e.g. another process filled /dev/shm).
         """
         meta = layout.header_bytes()
         data_off = _align(HEADER_SIZE + len(meta))
         needed = _align(data_off + layout.data_len, 2**20)
         self._check_capacity(needed)
-        # Preference: a free slot; else one whose snapshot may go (not awaiting its persist),
-        # oldest first. The persister holds a shared lock on the slot it writes out, so
-        # try_lock skips it: a save never waits for, nor overwrites, a snapshot being persisted.
-        def preference(slot: SnapshotSlot) -> tuple[int, int]:
-            h = slot.header()
-            if h is None or not h.valid or h.rank != self.rank:
-                return (0, 0)
-            return (2 if h.awaiting_persist else 1, h.seq)
-
-        order = sorted(self.slots, key=preference)
-        for slot in order:
-            if slot.try_lock(exclusive=True):
-                break
-        else:  # both slots busy: cannot happen with one persister, but never spin
-            slot = order[0]
-            slot.lock(exclusive=True)
+        self.waited_s = 0.0
+        slot = self._lock_free_slot(wait=persist)
+        if slot is None:
+            return False
         try:
-            replaced = slot.header()
-            # overwriting a snapshot still waiting for its persist (persists requested faster
-            # than the disk writes): the newer snapshot inherits the request, so the newest
-            # requested state is always persisted
-            inherit = replaced is not None and replaced.rank == self.rank and replaced.awaiting_persist
             slot.ensure_size(needed)
             slot.begin_write()
             assert slot.mm is not None
             slot.mm[HEADER_SIZE : HEADER_SIZE + len(meta)] = meta
             layout.copy_into(slot.mm, data_off)
             self._seq += 1
-            slot.publish(flags=FLAG_PERSIST if persist or inherit else 0, step=step, seq=self._seq, world_size=world_size,
-                         rank=self.rank, layout_len=len(meta), data_off=data_off, data_len=layout.data_len)
+            slot.publish(flags=FLAG_PERSIST if persist else 0, step=step, seq=self._seq, world_size=world_size,
+                         rank=self.rank, layout_len=len(meta), data_off=data_off, data_len=layout.data_len,
+                         round_index=self.round)
         finally:
             slot.unlock()
+        return True
 
     def _check_capacity(self, slot_bytes: int) -> None:
         have = [s.size for s in self.slots]
@@ -129,9 +171,11 @@ class MemorySnapshots:
                 raise ShmTooSmall(needed_bytes=SLOTS * slot_bytes, free_bytes=free + sum(have))
 
     @contextlib.contextmanager
-    def read(self, step: int, world_size: int) -> Iterator[tuple[dict[str, Any], dict[str, str]]]:
-        """Yield ``(tensor views, metadata)`` of the complete snapshot of ``step``, under a
-        shared lock; the views are valid only inside the ``with`` block.
+    def read(self, step: int, world_size: int, round_index: int | None = None,
+             ) -> Iterator[tuple[dict[str, Any], dict[str, str]]]:
+        """Yield ``(tensor views, metadata)`` of the complete snapshot of ``step`` (written
+        in ``round_index`` when given), under a shared lock; the views are valid only inside
+        the ``with`` block.
 
         Raises:
             LookupError: no complete snapshot of that step.
@@ -140,7 +184,8 @@ class MemorySnapshots:
             slot.lock(exclusive=False)
             try:
                 h = slot.header()
-                if h is not None and h.valid and h.step == step and h.world_size == world_size and h.rank == self.rank:
+                if (h is not None and h.live and h.step == step and h.world_size == world_size and h.rank == self.rank
+                        and (round_index is None or h.round == round_index)):
                     assert slot.mm is not None
                     entries, metadata, _ = parse_header(memoryview(slot.mm)[h.layout_off : h.layout_off + h.layout_len],
                                                   with_data=False)
@@ -150,19 +195,19 @@ class MemorySnapshots:
                 slot.unlock()
         raise LookupError(f"rank {self.rank} holds no complete snapshot of step {step}")
 
-    def forget_after(self, step: int) -> None:
-        """Drop snapshots newer than ``step`` (an abandoned lineage after a restore)."""
+    def forget_after(self, step: int, *, keep_round: int | None = None) -> None:
+        """Abandon snapshots newer than ``step`` (a lineage the job went back from), and
+        with ``keep_round``, those of ``step`` itself written in another round. Takes only a
+        shared lock, so it never waits for a persist in progress; the persister sees the
+        flag and does not report what it wrote."""
         for slot in self.slots:
-            if slot.try_lock(exclusive=True):
-                try:
-                    h = slot.header()
-                    if h is not None and h.state and h.step > step:
-                        slot.invalidate()
-                finally:
-                    slot.unlock()
+            with slot.shared():
+                h = slot.header()
+                if h is None or not h.state or h.abandoned:
+                    continue
+                if h.step > step or (keep_round is not None and h.step == step and h.round != keep_round):
+                    slot.abandon()
 
     def close(self) -> None:
         for slot in self.slots:
             slot.close()
-
-

@@ -8,14 +8,25 @@ One slot holds one snapshot of one rank::
 
 Publishing protocol (the writer holds ``LOCK_EX`` on the slot file): set ``state`` to
 WRITING, write layout and data, write the fields with the header checksum, and set
-``state`` to READY last. The flags (persist requested, persisted) sit outside the checksum:
-the persister sets PERSISTED while it holds a shared lock. A reader takes ``LOCK_SH``, and trusts the slot only if ``state``
+``state`` to READY last. A reader takes ``LOCK_SH``, and trusts the slot only if ``state``
 is READY and the checksum over fields and layout matches — so a writer killed mid-copy
 leaves a slot that is simply not READY, never a torn snapshot. flock locks die with their
 process, so a SIGKILLed holder never blocks anyone.
 
-Segments are named ``dlrover-<job_id>-n<node>-r<rank>-s<slot>`` so the node's agent and the
-local scheduler can find and remove every segment of a job.
+The flags sit outside the checksum, one byte each, so that two processes holding shared
+locks can set their own flag with a single-byte store and never lose the other's:
+byte 12 "persist requested" (the writer, at publish), byte 13 "persisted" or "given up"
+(the persister), byte 14 "abandoned" (a restoring worker: a snapshot newer than the step
+the job went back to, of a lineage that no longer exists).
+
+Each snapshot records the rendezvous round of the worker that wrote it (its
+*incarnation*): the master uses it to tell a stale shard from a current one.
+
+Segments are named ``dlrover-<job_id>-n<node>-a<agent>-r<rank>-s<slot>``, where ``agent``
+is the fencing token the master gave the node's agent when it registered: a replacement
+agent of the same node never opens, nor removes, the segments of the agent it replaced,
+and the old one cannot touch the new one's. The node's agent and the local scheduler find
+every segment of a job or node by prefix.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ __all__ = [
     "READY",
     "SlotHeader",
     "SnapshotSlot",
+    "node_prefix",
     "remove_segments",
     "segment_name",
     "shm_free_bytes",
@@ -45,19 +57,33 @@ __all__ = [
 
 SHM_DIR = Path(os.environ.get("DLROVER_SHM_DIR", "/dev/shm"))
 HEADER_SIZE = 4096
-_MAGIC = b"DLRFCP1\0"
-# magic, state, flags, step, seq, world_size, rank, layout_off, layout_len, data_off, data_len, crc
-_FMT = "<8sIIqQIIQQQQI"
+_MAGIC = b"DLRFCP2\0"
+# magic, state, flags, step, seq, world_size, rank, round, layout_off, layout_len, data_off, data_len, crc
+_FMT = "<8sIIqQIIIQQQQI"
+_COVERED = "<qQIIIQQQQ"
 EMPTY, WRITING, READY = 0, 1, 2
-#: flags (outside the checksum: the persister sets PERSISTED under its shared lock)
+#: byte offsets of the one-byte flags (outside the checksum)
+_PERSIST_AT, _PERSISTED_AT, _ABANDONED_AT = 12, 13, 14
+#: ``flags`` bits as read little-endian: persist requested; persisted; given up (the
+#: persister could not write it); abandoned
 FLAG_PERSIST = 1
-FLAG_PERSISTED = 2
+FLAG_PERSISTED = 1 << 8
+FLAG_GAVE_UP = 2 << 8
+FLAG_ABANDONED = 1 << 16
 
-_NAME_RE = re.compile(r"dlrover-(?P<job>.+)-n(?P<node>\d+)-r(?P<rank>\d+)-s(?P<slot>\d+)")
+_NAME_RE = re.compile(r"dlrover-(?P<job>.+)-n(?P<node>\d+)-a(?P<agent>\d+)-r(?P<rank>\d+)-s(?P<slot>\d+)")
 
 
-def segment_name(job_id: str, node_id: int, rank: int, slot: int) -> str:
-    return f"dlrover-{job_id}-n{node_id}-r{rank}-s{slot}"
+def node_prefix(job_id: str, node_id: int, agent: int | None = None) -> str:
+    """The name prefix of a node's segments: of one agent incarnation (``agent``, its
+    fencing token) or of every incarnation (``None``)."""
+    base = f"dlrover-{job_id}-n{node_id}-a"
+    return base if agent is None else f"{base}{agent}-"
+
+
+def segment_name(job_id: str, node_id: int, rank: int, slot: int, agent: int = 0) -> str:
+    """``dlrover-<job>-n<node>-a<agent>-r<rank>-s<slot>`` (``agent``: the fencing token)."""
+    return f"{node_prefix(job_id, node_id, agent)}r{rank}-s{slot}"
 
 
 def remove_segments(prefix: str) -> list[str]:
@@ -91,6 +117,7 @@ class SlotHeader:
     seq: int
     world_size: int
     rank: int
+    round: int
     layout_off: int
     layout_len: int
     data_off: int
@@ -104,16 +131,30 @@ class SlotHeader:
 
     @property
     def persisted(self) -> bool:
-        return bool(self.flags & FLAG_PERSISTED)
+        """Written out, or given up on (the persister is done with it either way)."""
+        return bool(self.flags & (FLAG_PERSISTED | FLAG_GAVE_UP))
+
+    @property
+    def gave_up(self) -> bool:
+        return bool(self.flags & FLAG_GAVE_UP)
+
+    @property
+    def abandoned(self) -> bool:
+        return bool(self.flags & FLAG_ABANDONED)
+
+    @property
+    def live(self) -> bool:
+        """A complete snapshot of the current lineage (valid and not abandoned)."""
+        return self.valid and not self.abandoned
 
     @property
     def awaiting_persist(self) -> bool:
         """Flagged for persistence and not persisted yet: must not be overwritten."""
-        return self.valid and self.persist_requested and not self.persisted
+        return self.live and self.persist_requested and not self.persisted
 
 
 def _checksum(fields: tuple, layout: bytes | memoryview) -> int:
-    return zlib.crc32(layout, zlib.crc32(struct.pack("<qQIIQQQQ", *fields)))
+    return zlib.crc32(layout, zlib.crc32(struct.pack(_COVERED, *fields)))
 
 
 class SnapshotSlot:
@@ -123,6 +164,10 @@ class SnapshotSlot:
     def __init__(self, path: Path, fd: int) -> None:
         self.path = path
         self.fd = fd
+        st = os.fstat(fd)
+        #: (device, inode) of the file this slot opened: a segment re-created under the same
+        #: name is another file (see :meth:`replaced`)
+        self.identity = (st.st_dev, st.st_ino)
         self.mm: mmap.mmap | None = None
         self._retired: list[mmap.mmap] = []
         self._mapped = 0
@@ -142,6 +187,15 @@ class SnapshotSlot:
     @property
     def size(self) -> int:
         return os.fstat(self.fd).st_size
+
+    def replaced(self) -> bool:
+        """Whether the name now belongs to another file (removed, or re-created) than the
+        one this slot holds open."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return True
+        return (st.st_dev, st.st_ino) != self.identity
 
     def _remap(self) -> None:
         size = self.size
@@ -209,13 +263,13 @@ class SnapshotSlot:
         magic, state, flags, *fields = struct.unpack_from(_FMT, self.mm, 0)
         if magic != _MAGIC:
             return None
-        step, seq, world, rank, layout_off, layout_len, data_off, data_len, crc = fields
+        step, seq, world, rank, round_index, layout_off, layout_len, data_off, data_len, crc = fields
         valid = False
         if state == READY and layout_off + layout_len <= self._mapped and data_off + data_len <= self._mapped:
-            covered = (step, seq, world, rank, layout_off, layout_len, data_off, data_len)
+            covered = (step, seq, world, rank, round_index, layout_off, layout_len, data_off, data_len)
             valid = _checksum(covered, memoryview(self.mm)[layout_off : layout_off + layout_len]) == crc
         return SlotHeader(state=state, flags=flags, step=step, seq=seq, world_size=world, rank=rank,
-                          layout_off=layout_off, layout_len=layout_len, data_off=data_off, data_len=data_len,
+                          round=round_index, layout_off=layout_off, layout_len=layout_len, data_off=data_off, data_len=data_len,
                           crc=crc, valid=valid)
 
     def begin_write(self) -> None:
@@ -224,19 +278,25 @@ class SnapshotSlot:
         struct.pack_into("<8sI", self.mm, 0, _MAGIC, WRITING)
 
     def publish(self, *, flags: int, step: int, seq: int, world_size: int, rank: int, layout_len: int,
-                data_off: int, data_len: int) -> None:
+                data_off: int, data_len: int, round_index: int = 0) -> None:
         """Write the fields and checksum, then mark READY (after layout and data are written)."""
         assert self.mm is not None
-        fields = (step, seq, world_size, rank, HEADER_SIZE, layout_len, data_off, data_len)
+        fields = (step, seq, world_size, rank, round_index, HEADER_SIZE, layout_len, data_off, data_len)
         crc = _checksum(fields, memoryview(self.mm)[HEADER_SIZE : HEADER_SIZE + layout_len])
         struct.pack_into(_FMT, self.mm, 0, _MAGIC, WRITING, flags, *fields, crc)
         struct.pack_into("<I", self.mm, 8, READY)
 
-    def mark_persisted(self) -> None:
-        """Set PERSISTED (the persister, holding a shared lock, after a durable write)."""
+    def mark_persisted(self, *, gave_up: bool = False) -> None:
+        """Set PERSISTED (the persister, holding a shared lock, after a durable write), or
+        GAVE_UP (the write failed for good): either way the slot may be reused."""
         assert self.mm is not None
-        (flags,) = struct.unpack_from("<I", self.mm, 12)
-        struct.pack_into("<I", self.mm, 12, flags | FLAG_PERSISTED)
+        self.mm[_PERSISTED_AT] = 2 if gave_up else 1
+
+    def abandon(self) -> None:
+        """Set ABANDONED (a restoring worker, holding a shared lock): the snapshot belongs to
+        a lineage the job went back from; it is neither restored nor persisted."""
+        assert self.mm is not None
+        self.mm[_ABANDONED_AT] = 1
 
     def invalidate(self) -> None:
         """Mark the slot EMPTY (a snapshot of an abandoned lineage)."""
@@ -254,6 +314,6 @@ class SnapshotSlot:
 
 
 def parse_segment_name(name: str) -> dict[str, str] | None:
-    """``{"job", "node", "rank", "slot"}`` of a segment name, or ``None``."""
+    """``{"job", "node", "agent", "rank", "slot"}`` of a segment name, or ``None``."""
     m = _NAME_RE.fullmatch(name)
     return m.groupdict() if m else None

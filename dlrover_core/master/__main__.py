@@ -1,14 +1,20 @@
 """``python -m dlrover_core.master``: run a job's master until the job ends.
 
-The Job comes as JSON in ``DLROVER_JOB_SPEC``. Every half second the master journals its
-state to ``master_journal.json`` in ``--log-dir``; a master started where a journal exists
+The Job comes as JSON in ``DLROVER_JOB_SPEC``. The master journals its state in
+``--log-dir`` (:mod:`~dlrover_core.master.journal`): every decision is written ahead, and
+soft state (progress, metrics) every half second; a master started where a journal exists
 resumes from it (the local scheduler restarts a master that died). On exit it writes
 ``goodput.json`` (the timeline) and ``result.json`` (the JobResult) atomically.
+
+With ``DLROVER_MASTER_ADDR_FILE`` set, the master writes its ``host:port`` there once it
+listens; if ``--port`` is taken (a restarted master whose port another process got
+meanwhile), it listens on a free port instead, and agents find it through that file.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import signal
@@ -19,16 +25,21 @@ from pathlib import Path
 
 from dlrover_core import env
 from dlrover_core.logging import configure, get_logger
+from dlrover_core.master.journal import write_atomic as _write_atomic
 
-#: Seconds between journal writes (what a restarted master can lose of its state).
+#: Seconds between writes of soft state (progress, metrics, goodput) to the journal; every
+#: decision is written ahead, at once, whatever this says.
 _JOURNAL_S = 0.5
+#: Seconds a master retries a taken ``--port`` before it takes a free one (with an address file).
+_PORT_RETRY_S = 2.0
 
 
 def _store_factory():
+    """``make(port=0) -> (port, store)``: a TCPStore server for a round (``port`` 0: a free one)."""
     import torch.distributed as dist
 
-    def make():
-        store = dist.TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False, use_libuv=True)
+    def make(port: int = 0):
+        store = dist.TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False, use_libuv=True)
         return store.port, store
 
     return make
@@ -46,13 +57,27 @@ def _relauncher(job, job_id: str, log_dir: Path):
     return lambda node_id: backend.relaunch_node(handle, node_id)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _listen(master, host: str, port: int, *, fallback: bool):
+    """A MasterServer on ``host:port``; when the port stays taken for ``_PORT_RETRY_S`` and
+    ``fallback`` (agents can learn another address), on a free port instead."""
+    from dlrover_core.master.server import MasterServer
+
+    log = get_logger()
+    deadline = time.monotonic() + _PORT_RETRY_S
+    while True:
+        try:
+            return MasterServer(master, host, port)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE or port == 0:
+                raise
+            if time.monotonic() < deadline:
+                time.sleep(0.2)
+                continue
+            if not fallback:
+                raise OSError(exc.errno, f"the job master cannot listen on {host}:{port}: {exc.strerror}; free the "
+                                         f"port or start the master with another --port") from exc
+            log.warning("master_port_taken", addr=f"{host}:{port}", fallback="a free port, written to the address file")
+            port = 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     log = get_logger()
 
     from dlrover_core.master.job_master import JobMaster
-    from dlrover_core.master.server import MasterServer
+    from dlrover_core.master.journal import Journal
     from dlrover_core.plugins import get_host
     from dlrover_core.spec import Job
 
@@ -76,14 +101,20 @@ def main(argv: list[str] | None = None) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     host = get_host()
     storage = host.registries.storage.get(job.checkpoint.storage)(job.checkpoint.dir)
-    master = JobMaster(job, args.job_id, store_host=args.store_host, store_factory=_store_factory(),
+    journal = Journal(log_dir / "master_journal.json")
+    make_store = _store_factory()
+    master = JobMaster(job, args.job_id, store_host=args.store_host, store_factory=make_store,
                        storage=storage, relaunch=_relauncher(job, args.job_id, log_dir), log_dir=log_dir,
-                       emit=host.emit)
-    journal = log_dir / "master_journal.json"
+                       emit=host.emit, journal=journal, reopen_store=lambda port: make_store(port)[1])
     if journal.exists():  # this master replaces one that died: resume its state
-        master.restore(json.loads(journal.read_text()))
-    server = MasterServer(master, args.host, args.port)
+        snapshot, entries = journal.load()
+        if snapshot is not None:
+            master.restore(snapshot, entries)
+    addr_file = os.environ.get(env.MASTER_ADDR_FILE)
+    server = _listen(master, args.host, args.port, fallback=bool(addr_file))
     server.start()
+    if addr_file:
+        _write_atomic(Path(addr_file), f"{args.host}:{server.port}")
     log.info("master_started", job_id=args.job_id, addr=f"{args.host}:{server.port}", pid=os.getpid())
 
     stop = threading.Event()
@@ -98,15 +129,12 @@ def main(argv: list[str] | None = None) -> int:
 
     drain_s = job.failure.stop_grace_s + 3 * job.failure.heartbeat_interval_s + 5.0
     finished_at: float | None = None
-    last_journal, last_written = 0.0, ""
+    last_journal = 0.0
     while True:
         master.tick()
         if time.monotonic() - last_journal >= _JOURNAL_S:
             last_journal = time.monotonic()
-            text = json.dumps(master.snapshot())
-            if text != last_written:
-                _write_atomic(journal, text)
-                last_written = text
+            master.write_journal()
         if watch and not _alive(watch):
             master.cancel("the process that started the job exited")
         if master.state.is_terminal:
@@ -117,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     result = master.result()
     _write_atomic(log_dir / "goodput.json", json.dumps(master.status()["goodput"], indent=2))
     _write_atomic(log_dir / "result.json", json.dumps(result.to_dict(), indent=2))
-    journal.unlink(missing_ok=True)
+    journal.remove()
     time.sleep(0.2)  # let agents read their last "stop"
     server.stop()
     log.info("master_exited", state=result.state.value)

@@ -1,15 +1,30 @@
 """The master's part of Flash Checkpoint: commit steps, keep the last N, agree on restores.
 
-* A step is committed — ``step_<S>/checkpoint.json`` (every shard's size and CRC32), then
-  the atomic ``latest`` marker — only when every rank of step S reported its shard durable.
-  Commits only move forward; a shard of a step at or below the last commit is ignored.
-* Retention keeps the last ``keep_last`` committed steps; older step directories, and those
-  below the last commit that never completed, are deleted.
-* Restore: every rank reports which steps it holds in memory; when all ranks of the round
-  have, the newest step held by all of them wins if it is not older than the last commit;
-  otherwise the last commit is loaded from storage; otherwise training starts fresh.
-  (With two slots per rank, a rank killed while overwriting its newer slot during a long
-  persist of the older one holds only the older step; if no step is common, storage wins.)
+* **Incarnations and lineage.** Every shard and memory snapshot carries the round (the
+  *incarnation*) whose workers took it. A restore in round ``R`` to step ``P`` (``-1`` for
+  a fresh start) abandons everything newer than ``P`` taken before ``R``: a snapshot or
+  shard ``(step s, round r)`` is *stale* when some restore ``(R, P)`` has ``r < R`` and
+  ``P < s``. Stale shards are refused (and pending ones discarded when the restore is
+  decided); stale snapshots are never restored. So a step is committed only from shards of
+  one incarnation of one lineage.
+* **Commits.** A step is committed — ``step_<S>/checkpoint.json`` (every shard's file,
+  size, CRC32 and incarnation), then the atomic ``latest`` marker — only when every rank of
+  step S reported its shard of one incarnation durable. Commits only move forward; a shard
+  of a step at or below the last commit is ignored. Files of the step that the commit does
+  not name (late writes of stale incarnations) are deleted.
+* **Retention** keeps the last ``keep_last`` committed steps; older step directories, and
+  those below the last commit that never completed, are deleted.
+* **Restore.** Every rank reports which snapshots it holds in memory; when all ranks of
+  the round have, the newest step held by all of them (same incarnation, not stale) wins if
+  it is not older than the last commit; otherwise the last commit is loaded from storage;
+  otherwise training starts fresh. A storage restore is *verified*: each rank reads its
+  shard and checks its header and CRC32, and reports; if any rank's shard is damaged, the
+  step is marked damaged (logged with the reason) and every rank falls back to the
+  previous intact committed step, instead of failing on the same step round after round.
+* **The rule that every rank saves the same steps.** Ranks announce each save meant for
+  storage; when a rank has reported progress past a step that another rank saved for
+  storage, without saving it itself, :meth:`CheckpointCoordinator.misuse` says so (the
+  master fails the job at once: that step could never be committed).
 """
 
 from __future__ import annotations
@@ -17,7 +32,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from dlrover_core.checkpoint.layout import FORMAT_VERSION
@@ -30,6 +45,8 @@ __all__ = ["CheckpointCoordinator"]
 log = get_logger()
 
 _STEP_DIR = re.compile(r"step_(\d{10})/")
+#: How many announced save steps per round the misuse check remembers.
+_ANNOUNCED_KEEP = 64
 
 
 class CheckpointCoordinator:
@@ -39,7 +56,7 @@ class CheckpointCoordinator:
         storage: the job's checkpoint storage.
         keep_last: committed steps to keep.
         event: called as ``event(kind, **data)`` for ``checkpoint_committed``,
-            ``checkpoint_commit_failed`` and ``restore_decided``.
+            ``checkpoint_commit_failed``, ``checkpoint_damaged`` and ``restore_decided``.
     """
 
     def __init__(self, storage: CheckpointStorage, *, keep_last: int, event: Callable[..., None]) -> None:
@@ -51,50 +68,117 @@ class CheckpointCoordinator:
         except (OSError, ValueError) as exc:
             log.error("checkpoint_marker_unreadable", error=str(exc))
             self.latest = None
-        self._shards: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
-        self._plans: dict[tuple[int, int], dict[int, list[int]]] = {}
+        self._shards: dict[tuple[int, int, int], dict[int, dict[str, Any]]] = {}  # (step, world, round) -> rank -> info
+        self._restores: list[tuple[int, int]] = []  # (round, step restored to; -1 = fresh)
+        self._plans: dict[tuple[int, int], dict[int, list[tuple[int, int]]]] = {}
         self._decisions: dict[tuple[int, int], dict[str, Any]] = {}
+        self._verifying: dict[tuple[int, int], dict[str, Any]] = {}
+        self.damaged: dict[int, str] = {}  # step -> why it cannot be loaded
+        self._announced: dict[int, dict[int, set[int]]] = {}  # round -> step -> ranks that saved it for storage
+        self._progress: dict[int, dict[int, int]] = {}  # round -> rank -> newest step reported
+        self.commit_error: tuple[int, str] | None = None  # (step, error) of the newest failed commit
+        self.persist_error: dict[str, Any] | None = None  # the newest failed shard write (not fatal)
+
+    # ----- lineage -------------------------------------------------------------------------
+
+    @property
+    def restore_count(self) -> int:
+        """Restores decided so far (each changes the lineage: journal it)."""
+        return len(self._restores)
+
+    def stale(self, step: int, round_index: int) -> tuple[int, int] | None:
+        """The restore ``(round, step)`` that abandoned ``(step, round_index)``, if any."""
+        for r, p in self._restores:
+            if round_index < r and p < step:
+                return (r, p)
+        return None
+
+    def _restored(self, round_index: int, step: int) -> None:
+        """Record a restore decision and drop the pending shards it made stale."""
+        if (round_index, step) in self._restores:
+            return
+        self._restores.append((round_index, step))
+        for key in [k for k in self._shards if self.stale(k[0], k[2])]:
+            dropped = self._shards.pop(key)
+            log.info("checkpoint_shards_discarded", step=key[0], round=key[2], ranks=sorted(dropped),
+                     reason=f"round {round_index} went back to step {step}")
 
     # ----- commits -----------------------------------------------------------------------
 
-    def shard_done(self, *, step: int, rank: int, world_size: int, info: dict[str, Any]) -> dict[str, Any]:
-        """Record a durable shard; commit its step when all ranks are in. Returns
-        ``{"committed": latest}``."""
+    def shard_done(self, *, step: int, rank: int, world_size: int, info: dict[str, Any],
+                   round_index: int = 0) -> dict[str, Any]:
+        """Record a durable shard; commit its step when all ranks of its incarnation are in.
+        Returns ``{"committed": latest}``, with ``"stale": True`` and a reason when the
+        shard belongs to an abandoned lineage (it is not recorded)."""
         if self.latest is not None and step <= self.latest:
             return {"committed": self.latest}
-        shards = self._shards.setdefault((step, world_size), {})
+        why = self.stale(step, round_index)
+        if why is not None:
+            return {"committed": self.latest, "stale": True,
+                    "reason": f"round {why[0]} went back to step {why[1]}: shard of step {step} from round "
+                              f"{round_index} is stale"}
+        shards = self._shards.setdefault((step, world_size, round_index), {})
         shards[rank] = info
         if len(shards) == world_size:
-            self._commit(step, world_size, shards)
+            self._commit(step, world_size, round_index, shards)
         return {"committed": self.latest}
 
-    def _commit(self, step: int, world_size: int, shards: dict[int, dict[str, Any]]) -> None:
+    def _commit(self, step: int, world_size: int, round_index: int, shards: dict[int, dict[str, Any]]) -> None:
         meta = {
             "step": step, "world_size": world_size, "format": FORMAT_VERSION, "time": time.time(),
-            "shards": {str(r): {k: shards[r][k] for k in ("crc32", "bytes") if k in shards[r]} for r in sorted(shards)},
+            "round": round_index,
+            "shards": {str(r): {k: shards[r][k] for k in ("file", "crc32", "bytes", "round") if k in shards[r]}
+                       for r in sorted(shards)},
         }
         try:
             self.storage.write_bytes(f"{step_dir(step)}/checkpoint.json", json.dumps(meta, indent=1).encode())
             self.storage.commit(step)
         except OSError as exc:
-            log.error("checkpoint_commit_failed", step=step, error=str(exc))
-            self._event("checkpoint_commit_failed", step=step, error=f"{type(exc).__name__}: {exc}")
+            error = f"{type(exc).__name__}: {exc}"
+            self.commit_error = (step, error)
+            log.error("checkpoint_commit_failed", step=step, storage=self.storage.url, error=error)
+            self._event("checkpoint_commit_failed", step=step, storage=self.storage.url, error=error)
             return
         self.latest = step
+        self.commit_error = None
+        self.persist_error = None
         for key in [k for k in self._shards if k[0] <= step]:
             del self._shards[key]
-        log.info("checkpoint_committed", step=step, world_size=world_size,
+        log.info("checkpoint_committed", step=step, world_size=world_size, round=round_index,
                  mb=round(sum(s.get("bytes", 0) for s in shards.values()) / 2**20, 1))
-        self._event("checkpoint_committed", step=step, world_size=world_size)
+        self._event("checkpoint_committed", step=step, world_size=world_size, round=round_index)
+        self._tidy(step, meta)
         self._retain()
+
+    def _tidy(self, step: int, meta: dict[str, Any]) -> None:
+        """Delete files of a committed step that its commit does not name (late writes of a
+        stale incarnation). Best effort."""
+        named = {f"{step_dir(step)}/{s['file']}" for s in meta["shards"].values() if "file" in s}
+        if not named:
+            return
+        try:
+            for path in self.storage.list(step_dir(step)):
+                if path.endswith(".safetensors") and path not in named:
+                    self.storage.delete(path)
+        except OSError as exc:
+            log.warning("checkpoint_tidy_failed", step=step, error=str(exc))
+
+    def committed_steps(self) -> list[int]:
+        """Committed steps still in storage (with their ``checkpoint.json``), oldest first."""
+        if self.latest is None:
+            return []
+        try:
+            steps = sorted({int(m.group(1)) for p in self.storage.list() if (m := _STEP_DIR.match(p))})
+            return [s for s in steps if s <= self.latest and self.storage.exists(f"{step_dir(s)}/checkpoint.json")]
+        except OSError as exc:
+            log.warning("checkpoint_list_failed", error=str(exc))
+            return [self.latest]
 
     def _retain(self) -> None:
         try:
             steps = sorted({int(m.group(1)) for p in self.storage.list() if (m := _STEP_DIR.match(p))})
-            committed = []
-            for s in steps:
-                if self.latest is not None and s <= self.latest and self.storage.exists(f"{step_dir(s)}/checkpoint.json"):
-                    committed.append(s)
+            committed = [s for s in steps if self.latest is not None and s <= self.latest
+                         and self.storage.exists(f"{step_dir(s)}/checkpoint.json") and s not in self.damaged]
             keep = set(committed[-self.keep_last :])
             for s in steps:
                 if self.latest is not None and s <= self.latest and s not in keep:
@@ -104,33 +188,153 @@ class CheckpointCoordinator:
 
     def pending_shards(self) -> list[dict[str, Any]]:
         """Durable shards of steps not committed yet (for the master's journal)."""
-        return [{"step": step, "world_size": world, "rank": rank, "info": info}
-                for (step, world), shards in self._shards.items() for rank, info in shards.items()]
+        return [{"step": step, "world_size": world, "round": rnd, "rank": rank, "info": info}
+                for (step, world, rnd), shards in self._shards.items() for rank, info in shards.items()]
+
+    def final_problem(self) -> str | None:
+        """Why the job must not end SUCCEEDED for its checkpoints: shards of a step newer
+        than the last commit that never got all ranks (a save on some ranks only), or a
+        failed commit of the newest step. ``None`` when nothing is wrong."""
+        if self.commit_error is not None and (self.latest is None or self.commit_error[0] > self.latest):
+            step, error = self.commit_error
+            return f"checkpoint step {step} not committed: writing its commit to storage {self.storage.url!r} failed: {error}"
+        newer = [(k, v) for k, v in self._shards.items() if self.latest is None or k[0] > self.latest]
+        if newer:
+            (step, world, _), shards = max(newer, key=lambda kv: kv[0][0])
+            missing = [r for r in range(world) if r not in shards]
+            return (f"checkpoint step {step} not committed: shards of ranks {sorted(shards)} are durable but rank(s) "
+                    f"{missing} never saved it; every rank must call Checkpointer.save() for the same steps")
+        return None
+
+    # ----- the same-steps rule -------------------------------------------------------------
+
+    def note_saves(self, round_index: int, rank: int, steps: Iterable[int]) -> None:
+        """``rank`` saved ``steps`` for storage (forced or due) in ``round_index``."""
+        per_step = self._announced.setdefault(round_index, {})
+        for step in steps:
+            per_step.setdefault(int(step), set()).add(rank)
+        if len(per_step) > _ANNOUNCED_KEEP:
+            for old in sorted(per_step)[: len(per_step) - _ANNOUNCED_KEEP]:
+                del per_step[old]
+
+    def note_progress(self, round_index: int, rank: int, step: int) -> None:
+        """``rank`` reported ``step`` in ``round_index``."""
+        ranks = self._progress.setdefault(round_index, {})
+        ranks[rank] = max(step, ranks.get(rank, -1))
+
+    def misuse(self, round_index: int) -> str | None:
+        """The first violation of "every rank saves the same steps" seen in a round: a rank
+        went past a step another rank saved for storage without saving it."""
+        progress = self._progress.get(round_index, {})
+        for step, savers in sorted(self._announced.get(round_index, {}).items()):
+            skipped = sorted(r for r, newest in progress.items() if newest > step and r not in savers)
+            if skipped:
+                return (f"every rank must call Checkpointer.save() for the same steps: rank(s) {sorted(savers)} "
+                        f"saved step {step} for storage, but rank(s) {skipped} went past step {step} without saving "
+                        "it, so it can never be committed (save on every rank; to write from one rank only, "
+                        "use torch.save yourself)")
+        return None
 
     # ----- restores ------------------------------------------------------------------------
 
-    def restore_plan(self, *, round_index: int, rank: int, world_size: int, memory_steps: list[int]) -> dict[str, Any]:
-        """Record what ``rank`` holds in memory; answer the decision once all ranks reported."""
+    def restore_plan(self, *, round_index: int, rank: int, world_size: int,
+                     memory: list[tuple[int, int]] | list[int]) -> dict[str, Any]:
+        """Record what ``rank`` holds in memory (``(step, round)`` pairs; bare steps count as
+        round 0); answer the decision once all ranks reported."""
         key = (round_index, world_size)
         if key in self._decisions:
             return self._decisions[key]
         reports = self._plans.setdefault(key, {})
-        reports[rank] = sorted(set(memory_steps))
+        held = [(int(m[0]), int(m[1])) if isinstance(m, (list, tuple)) else (int(m), 0) for m in memory]
+        reports[rank] = sorted({h for h in held if self.stale(*h) is None})
         if len(reports) < world_size:
             return {"state": "waiting"}
         common = set.intersection(*(set(v) for v in reports.values()))
         newest = max(common) if common else None
-        if newest is not None and (self.latest is None or newest >= self.latest):
-            decision = {"state": "ready", "source": "memory", "step": newest}
-        elif self.latest is not None:
-            decision = {"state": "ready", "source": "storage", "step": self.latest}
+        storage_step = self._storage_candidate()
+        if newest is not None and (self.latest is None or newest[0] >= self.latest):
+            decision = {"state": "ready", "source": "memory", "step": newest[0], "snapshot_round": newest[1]}
+        elif storage_step is not None:
+            decision = {"state": "ready", "source": "storage", "step": storage_step}
         else:
             decision = {"state": "ready", "source": "fresh", "step": None}
+            if self.latest is not None:  # every committed step is damaged
+                decision = {"state": "failed", "reason": self._no_intact_reason()}
         self._decisions[key] = decision
         del self._plans[key]
-        held = {str(r): v for r, v in sorted(reports.items())}
-        log.info("restore_decided", round=round_index, world_size=world_size, committed=self.latest, held=held,
-                 source=decision["source"], step=decision["step"])
-        self._event("restore_decided", round=round_index, world_size=world_size, committed=self.latest, held=held,
-                    source=decision["source"], step=decision["step"])
+        if decision["state"] == "ready":
+            self._restored(round_index, -1 if decision["step"] is None else int(decision["step"]))
+        held_by = {str(r): [s for s, _ in v] for r, v in sorted(reports.items())}
+        log.info("restore_decided", round=round_index, world_size=world_size, committed=self.latest, held=held_by,
+                 source=decision.get("source"), step=decision.get("step"))
+        self._event("restore_decided", round=round_index, world_size=world_size, committed=self.latest, held=held_by,
+                    source=decision.get("source"), step=decision.get("step"))
         return decision
+
+    def _storage_candidate(self, below: int | None = None) -> int | None:
+        """The newest committed step not known to be damaged (below ``below`` if given)."""
+        if self.latest is None:
+            return None
+        steps = [self.latest] if not self.damaged and below is None else self.committed_steps()
+        for step in reversed(steps):
+            if step not in self.damaged and (below is None or step < below):
+                return step
+        return None
+
+    def _no_intact_reason(self) -> str:
+        damaged = "; ".join(f"step {s}: {why}" for s, why in sorted(self.damaged.items(), reverse=True))
+        return f"no intact committed checkpoint in {self.storage.url!r} ({damaged})"
+
+    def verify(self, *, round_index: int, rank: int, world_size: int, step: int, ok: bool,
+               error: str = "") -> dict[str, Any]:
+        """A rank read its shard of storage step ``step`` and checked it. Answers
+        ``waiting``; ``ok`` (every rank's shard is intact: load it); ``retry`` with the
+        previous intact committed step to check next (``step`` is damaged); or ``failed``
+        (no intact committed step is left)."""
+        key = (round_index, world_size)
+        state = self._verifying.setdefault(key, {"step": step, "reports": {}, "answer": None})
+        if state["step"] != step:  # this rank checked a step the others already moved past
+            return state["answer"] or {"state": "retry", "step": state["step"]}
+        state["reports"][rank] = (ok, error)
+        if state["answer"] is not None:
+            return state["answer"]
+        if len(state["reports"]) < world_size:
+            return {"state": "waiting"}
+        bad = {r: e for r, (good, e) in sorted(state["reports"].items()) if not good}
+        if not bad:
+            state["answer"] = {"state": "ok", "step": step}
+            return state["answer"]
+        first = next(iter(bad.items()))
+        why = f"rank {first[0]}'s shard: {first[1]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+        self.damaged[step] = why
+        fallback = self._storage_candidate(below=step)
+        log.error("checkpoint_damaged", step=step, reason=why, fallback=fallback, storage=self.storage.url)
+        self._event("checkpoint_damaged", step=step, reason=why, fallback=fallback, storage=self.storage.url)
+        if fallback is None:
+            state["answer"] = {"state": "failed", "reason": self._no_intact_reason()}
+            return state["answer"]
+        self._restored(round_index, fallback)
+        self._verifying[key] = {"step": fallback, "reports": {}, "answer": None}
+        return {"state": "retry", "step": fallback, "reason": why}
+
+    # ----- journal -------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """What a restarted master needs (JSON-safe): pending shards, restores and the
+        decisions already answered (ranks that got one do not ask again), damaged steps."""
+        return {"pending_shards": self.pending_shards(), "restores": [list(r) for r in self._restores],
+                "damaged": {str(k): v for k, v in self.damaged.items()},
+                "decisions": [[r, w, d] for (r, w), d in self._decisions.items()],
+                "verifying": [[r, w, {**v, "reports": {str(k): list(x) for k, x in v["reports"].items()}}]
+                              for (r, w), v in self._verifying.items()]}
+
+    def load_dict(self, data: dict[str, Any]) -> None:
+        """Take back :meth:`to_dict`'s state (after a master restart)."""
+        self._restores = [(int(r), int(s)) for r, s in data.get("restores", [])]
+        self.damaged = {int(k): str(v) for k, v in (data.get("damaged") or {}).items()}
+        self._decisions = {(int(r), int(w)): dict(d) for r, w, d in data.get("decisions", [])}
+        self._verifying = {(int(r), int(w)): {**v, "reports": {int(k): tuple(x) for k, x in v["reports"].items()}}
+                           for r, w, v in data.get("verifying", [])}
+        for shard in data.get("pending_shards", []):
+            self.shard_done(step=shard["step"], rank=shard["rank"], world_size=shard["world_size"],
+                            info=shard["info"], round_index=int(shard.get("round", 0)))

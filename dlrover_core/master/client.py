@@ -1,17 +1,30 @@
-"""The client agents (and the runner) use to talk to the master: httpx + tenacity."""
+"""The client agents (and the runner) use to talk to the master: httpx + tenacity.
+
+A master can come back at another address (the local scheduler restarts a dead master on a
+free port when its old one was taken): with an address file (``addr_file``, by default the
+one named by ``DLROVER_MASTER_ADDR_FILE``) the client re-reads it whenever a request fails
+to reach the master, and the next attempt goes to the address written there.
+"""
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import tenacity
 
+from dlrover_core import env
 from dlrover_core.errors import DLRoverError, MasterUnavailableError, TransientError
-from dlrover_core.retry import rpc_retrying
+from dlrover_core.logging import get_logger
+from dlrover_core.retry import master_retrying
 
 __all__ = ["MasterClient"]
+
+log = get_logger()
 
 #: The longest the master holds an answer to ``poll`` while the round is still forming
 #: (seconds; ``MasterServer`` holds it for ``Failure.heartbeat_interval_s`` at most this).
@@ -26,7 +39,10 @@ class MasterClient:
         addr: ``host:port`` of the master.
         timeout_s: per-request timeout (seconds); a ``poll``, which the master may hold,
             gets :data:`POLL_HOLD_MAX_S` more.
-        retrying: factory of the retry policy (default :func:`dlrover_core.retry.rpc_retrying`).
+        retrying: factory of the retry policy (default
+            :func:`dlrover_core.retry.master_retrying`: it outlasts a master restart).
+        addr_file: a file holding the master's current ``host:port``, re-read when a request
+            does not reach the master (default: ``$DLROVER_MASTER_ADDR_FILE``; ``""``: none).
 
     Raises (from :meth:`call`):
         MasterUnavailableError: the master did not answer within the retry policy.
@@ -38,14 +54,20 @@ class MasterClient:
         addr: str,
         *,
         timeout_s: float = 5.0,
-        retrying: Callable[[], tenacity.Retrying] = rpc_retrying,
+        retrying: Callable[[], tenacity.Retrying] = master_retrying,
+        addr_file: str | None = None,
     ) -> None:
         self.addr = addr
+        self._timeout_s = timeout_s
         self._http = httpx.Client(base_url=f"http://{addr}", timeout=timeout_s)
         self._poll_timeout = httpx.Timeout(timeout_s + POLL_HOLD_MAX_S)
         self._retrying = retrying
+        file = os.environ.get(env.MASTER_ADDR_FILE, "") if addr_file is None else addr_file
+        self._addr_file = Path(file) if file else None
+        self._swap = threading.Lock()
 
     def call(self, name: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """POST ``body`` to ``/v1/<name>`` (GET without a body); return the JSON answer."""
         try:
             for attempt in self._retrying():
                 with attempt:
@@ -55,17 +77,41 @@ class MasterClient:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _once(self, name: str, body: dict[str, Any] | None) -> dict[str, Any]:
-        if body is None:
-            response = self._http.get(f"/v1/{name}")
-        elif name == "poll":
-            response = self._http.post("/v1/poll", json=body, timeout=self._poll_timeout)
-        else:
-            response = self._http.post(f"/v1/{name}", json=body)
+        http = self._http
+        try:
+            if body is None:
+                response = http.get(f"/v1/{name}")
+            elif name == "poll":
+                response = http.post("/v1/poll", json=body, timeout=self._poll_timeout)
+            else:
+                response = http.post(f"/v1/{name}", json=body)
+        except httpx.TransportError:
+            self.rediscover()
+            raise
         if response.status_code >= 500:
             raise TransientError(f"master answered {response.status_code}: {response.text[:200]}")
         if response.status_code >= 400:
             raise DLRoverError(f"master rejected /v1/{name}: {response.json().get('error', response.text)}")
         return response.json()
 
+    def rediscover(self) -> bool:
+        """Re-read the address file; switch to the address there if it changed. Returns
+        whether it did (thread-safe; without an address file, nothing to do)."""
+        if self._addr_file is None:
+            return False
+        try:
+            addr = self._addr_file.read_text().strip()
+        except OSError:
+            return False
+        with self._swap:
+            if not addr or addr == self.addr:
+                return False
+            old, self._http = self._http, httpx.Client(base_url=f"http://{addr}", timeout=self._timeout_s)
+            log.info("master_address_changed", old=self.addr, new=addr)
+            self.addr = addr
+        old.close()  # a request still in flight on it fails and is retried on the new one
+        return True
+
     def close(self) -> None:
+        """Close the HTTP connections."""
         self._http.close()

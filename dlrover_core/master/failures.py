@@ -4,7 +4,8 @@
   at step 17``, ``hang: ...``, ``node lost``).
 * :class:`DeterministicErrorDetector`: the same Python exception (type, message, step) on
   every rank of a round, in two failing rounds in a row, is a bug in the program, not bad
-  luck — restarting again would only burn the budget.
+  luck — restarting again would only burn the budget. The same exception on every rank
+  *before the first step* (at import or start-up) is the script's at its first occurrence.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import signal
 from typing import Any
 
-__all__ = ["DeterministicErrorDetector", "describe", "signal_name"]
+__all__ = ["DeterministicErrorDetector", "before_first_step", "describe", "signal_name"]
 
 
 def signal_name(exit_code: int | None) -> str | None:
@@ -37,7 +38,8 @@ def describe(failure: dict[str, Any]) -> str:
     if exc:
         message = str(exc.get("message"))
         message = message if len(message) <= 160 else message[:157] + "..."
-        return f"{exc.get('exc_type')}: {message} at step {exc.get('step')}"
+        where = "before the first step" if before_first_step(exc) else f"at step {exc.get('step')}"
+        return f"{exc.get('exc_type')}: {message} {where}"
     if kind not in (None, "signal", "exit") and failure.get("detail"):  # e.g. a scheduler's "evicted"
         return f"{kind.replace('_', ' ')} ({failure['detail']})"
     code = failure.get("exit_code")
@@ -48,30 +50,52 @@ def _signature(exception: dict[str, Any]) -> tuple[str, str, int]:
     return (str(exception.get("exc_type")), str(exception.get("message")), int(exception.get("step", -1)))
 
 
+def before_first_step(exception: dict[str, Any]) -> bool:
+    """Whether a worker's exception record was raised before its first step: the record
+    says so (``before_first_step``), or, from older workers, its step is -1 (nothing
+    reported, nothing restored)."""
+    flag = exception.get("before_first_step")
+    if flag is None:
+        try:
+            return int(exception.get("step", 0)) < 0
+        except (TypeError, ValueError):
+            return False
+    return bool(flag)
+
+
 class DeterministicErrorDetector:
-    """Finds rounds in which every rank died of the same exception at the same step, and
-    reports when two failing rounds in a row did so with the same signature."""
+    """Finds rounds in which every rank died of the same exception at the same step: the
+    script's error when it came before the first step, or when the previous failing round
+    died of the same."""
 
     def __init__(self) -> None:
         self._signatures: dict[int, dict[int, tuple[str, str, int] | None]] = {}
+        self._early: dict[int, dict[int, bool]] = {}
         self._world: dict[int, int] = {}
         self._failing_rounds: list[int] = []
 
-    def record(self, round_index: int, world_size: int, rank: int | None, exception: dict[str, Any] | None) -> bool:
-        """Record a failed rank; return True when this makes the round's failure the same
-        deterministic error as the previous failing round's."""
+    def record(self, round_index: int, world_size: int, rank: int | None, exception: dict[str, Any] | None) -> str | None:
+        """Record a failed rank. Returns the verdict this completes, if any:
+        ``"repeated"`` (every rank raised the same as in the previous failing round) or
+        ``"script"`` (every rank raised the same before its first step); else ``None``."""
         if round_index not in self._signatures:
             self._signatures[round_index] = {}
+            self._early[round_index] = {}
             self._world[round_index] = world_size
             self._failing_rounds.append(round_index)
         if rank is None:
-            return False
+            return None
         self._signatures[round_index][rank] = _signature(exception) if exception else None
+        self._early[round_index][rank] = bool(exception) and before_first_step(exception or {})
         mine = self.uniform(round_index)
         if mine is None:
-            return False
+            return None
         earlier = [r for r in self._failing_rounds if r < round_index]
-        return bool(earlier) and self.uniform(earlier[-1]) == mine
+        if earlier and self.uniform(earlier[-1]) == mine:
+            return "repeated"
+        if all(self._early[round_index].values()):
+            return "script"
+        return None
 
     def uniform(self, round_index: int) -> tuple[str, str, int] | None:
         """The signature every rank of the round died with, if they all did."""

@@ -83,10 +83,12 @@ class GoodputTracker:
 
     # ----- lifecycle marks (master clock) --------------------------------------------------
 
-    def failed(self, now: float) -> None:
-        """A failure was reported at ``now`` (the first one of its round)."""
+    def failed(self, now: float, *, silent_s: float = 0.0) -> None:
+        """A failure was reported at ``now`` (the first one of its round). ``silent_s``: how
+        long the agent saw no progress (a hang), which the master's clock underestimates by
+        the heartbeat that carried the last progress."""
         if self.last_progress_t is not None:
-            self.phases["detection_s"] += max(0.0, now - self.last_progress_t)
+            self.phases["detection_s"] += max(0.0, now - self.last_progress_t, silent_s)
         self._restart_begin = now
         self._round_complete = None
 

@@ -25,15 +25,34 @@ Decisions (DESIGN §5):
   excluded and replaced, stragglers are reported (and excluded if asked);
 * a round forms only when one is required; with ``Nodes(min < max)`` survivors go on without
   a lost node, and when nodes wait to join a running round that has fewer than ``max``, the
-  job restarts into a bigger round (a membership change, not counted as a failure).
+  job restarts into a bigger round (a membership change, not counted as a failure);
+* a node of the running round that exits (scaled down, preempted) makes the others restart
+  into a round without it (a membership change, not counted): no worker goes on alone in a
+  world whose other ranks are gone. When the live nodes, with those being relaunched, are
+  fewer than ``nodes.min``, the job fails at once with a reason naming them; while a round
+  waits for nodes that may still come, the status says so ("waiting for 1 more node; live:
+  node 0 (1 < nodes.min=2)");
+* an exception raised before the first step (at import or start-up) by every rank of a
+  round is the script's, not a node's: the job stops after that first round with the
+  exception's type and message, and no node is blamed (the restart the first report ordered
+  waits up to ``_SCRIPT_ERROR_WAIT_S`` for the other ranks' reports).
+
+Journal (:mod:`~dlrover_core.master.journal`): every decision above is written ahead — a
+snapshot before it takes effect (before the answer that carries it, before the relaunch it
+orders), and one log line per node-level change (registered, told its place, succeeded,
+exited) — so a master restarted from the journal loses nothing: it reopens the running
+round's store on its port, answers again an agent whose answer was lost, and relaunches a
+node whose relaunch it ordered but may not have issued; should an agent run a round the
+journal missed, every node restarts into a round past it. Heartbeats write nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -43,8 +62,9 @@ import attrs
 from dlrover_core.events import JobEvent
 from dlrover_core.logging import get_logger
 from dlrover_core.master.checkpoints import CheckpointCoordinator
-from dlrover_core.master.failures import DeterministicErrorDetector, describe, signal_name
+from dlrover_core.master.failures import DeterministicErrorDetector, before_first_step, describe, signal_name
 from dlrover_core.master.goodput import GoodputTracker
+from dlrover_core.master.journal import Journal
 from dlrover_core.master.node_check import NodeCheckRun
 from dlrover_core.master.rendezvous import RendezvousManager, Round
 from dlrover_core.result import FailureRecord, JobResult
@@ -58,8 +78,27 @@ log = get_logger()
 
 #: Returns ``(port, store)`` of a fresh TCPStore server for a new round.
 StoreFactory = Callable[[], tuple[int, Any]]
+#: Opens a TCPStore server again on a given port: a restarted master reopens the running
+#: round's store where its workers look for it. Raises when the port is taken.
+StoreReopener = Callable[[int], Any]
 
 _GONE = ("dead", "exited", "excluded")
+#: Seconds a restarted master adds to every node's heartbeat timeout: what an agent may need
+#: to find it (a request timing out on the dead address, 5 s, then a retry wait, 1 s).
+_RESTORE_GRACE_S = 10.0
+#: Seconds the restart ordered by an exception raised before the first step waits for the
+#: other ranks' reports: when they all raised the same, the job stops instead (the script's error).
+_SCRIPT_ERROR_WAIT_S = 10.0
+
+
+def _before_first_step(failure: dict[str, Any]) -> bool:
+    """Whether a failure is an exception raised before the worker's first step."""
+    exc = failure.get("exception")
+    return bool(exc) and before_first_step(exc)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 @attrs.define(kw_only=True)
@@ -76,13 +115,14 @@ class NodeRecord:
     steps: dict[int, int] = attrs.field(factory=dict)  # rank -> newest step
     failures: int = 0  # failures attributed to this node (its workers failed first, or it was lost)
     relaunches: int = 0
+    token: int = 0  # fencing token of the node's current agent (0: none registered yet)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "node_id": self.node_id, "host": self.host, "pid": self.pid, "state": self.state,
             "round": self.round, "workers": {str(k): v for k, v in self.workers.items()},
             "steps": {str(k): v for k, v in self.steps.items()}, "failures": self.failures,
-            "relaunches": self.relaunches,
+            "relaunches": self.relaunches, "token": self.token,
         }
 
 
@@ -111,6 +151,10 @@ class JobMaster:
         log_dir: where ``events.jsonl`` goes (``None``: nowhere).
         emit: called with every :class:`JobEvent` (plugin observers).
         clock: monotonic seconds (injectable for tests).
+        journal: where decisions are written ahead (``None``: nowhere; see
+            :mod:`~dlrover_core.master.journal`).
+        reopen_store: reopens a round's store on its port after a master restart (``None``:
+            a restarted master opens a new round instead when the running one needs its store).
     """
 
     def __init__(
@@ -125,6 +169,8 @@ class JobMaster:
         log_dir: Path | None = None,
         emit: Callable[[JobEvent], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        journal: Journal | None = None,
+        reopen_store: StoreReopener | None = None,
     ) -> None:
         self.job = job
         self.job_id = job_id
@@ -155,6 +201,18 @@ class JobMaster:
         self._check: NodeCheckRun | None = None
         self._check_store: tuple[int, Any] | None = None
         self._checked: dict[int, int] = {}  # node id -> the required round it passed the check for
+        self.journal = journal
+        self._reopen_store = reopen_store
+        self._version = 0  # snapshots taken (a newer one always wins in the journal)
+        self._seq = 0  # node changes logged
+        self._due: list[str] = []  # journal points decided in the current batch, not written yet
+        self._deferred: list[Callable[[], None]] = []  # effects that wait for that write (relaunches)
+        self._batch_depth = 0
+        self._relaunching: dict[int, float] = {}  # node id -> when its relaunch was ordered, until it registers
+        self._gone_why: dict[int, str] = {}  # node id -> why it left the job (for a below-min reason)
+        self._held: tuple[int, float, int] | None = None  # (round, until, node): a restart awaiting a verdict
+        self._whole_rounds_from = 0  # rounds this master heard from their start (a restored one: the next)
+        self._last_token = 0  # the newest fencing token given to an agent
         self.started = clock()
         self.ended: float | None = None
         self.checkpoints = (
@@ -180,6 +238,75 @@ class JobMaster:
         if kind == "checkpoint_committed":
             self.goodput.add({"type": "checkpoint", "step": data["step"], "stall_s": 0.0, "committed": True})
         self._event(kind, **data)
+        if kind == "checkpoint_committed":
+            self._decided("step_committed")
+
+    # ----- journal (write-ahead) ------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _batch(self) -> Iterator[None]:
+        """Hold the lock; decisions taken inside are journaled once, when the outermost batch
+        ends (a tick that loses 1,000 nodes writes one snapshot), and their deferred effects
+        run after that write."""
+        with self._lock:
+            self._batch_depth += 1
+            try:
+                yield
+            finally:
+                self._batch_depth -= 1
+                if self._batch_depth == 0:
+                    self._flush_journal()
+
+    def _decided(self, point: str) -> None:
+        """A decision the job must survive was taken (``point`` names it): journal it before
+        it takes effect — now, or at the end of the current batch."""
+        self._due.append(point)
+        if self._batch_depth == 0:
+            self._flush_journal()
+
+    def _after_journal(self, effect: Callable[[], None]) -> None:
+        """Run ``effect`` once the decisions taken so far are journaled."""
+        if self._batch_depth == 0:
+            self._flush_journal()
+            effect()
+        else:
+            self._deferred.append(effect)
+
+    def _flush_journal(self) -> None:
+        due, self._due = self._due, []
+        deferred, self._deferred = self._deferred, []
+        if due and self.journal is not None:
+            try:
+                self.journal.write(self.snapshot(), points=dict.fromkeys(due))
+            except OSError as exc:  # the job goes on; a master restart would lose this decision
+                log.error("master_journal_failed", points=list(dict.fromkeys(due)), error=f"{type(exc).__name__}: {exc}")
+        for effect in deferred:
+            effect()
+
+    def _note_node(self, node: NodeRecord, *, succeeded: bool = False, point: str | None = None) -> None:
+        """Log one node's change (a line, not a snapshot) before the answer or the effect
+        that follows it: registered, told its place, succeeded, exited, lost, excluded, its
+        relaunch ordered. (A snapshot of 10,000 nodes per lost node would stall the master
+        just when many are lost.)"""
+        if self.journal is None:
+            return
+        self._seq += 1
+        entry: dict[str, Any] = {"seq": self._seq, "node": _journal_dict(node),
+                                 "relaunching": node.node_id in self._relaunching,
+                                 "gone_why": self._gone_why.get(node.node_id)}
+        if succeeded:
+            entry["succeeded"] = True
+        try:
+            self.journal.append(entry, point=point)
+        except OSError as exc:
+            log.error("master_journal_failed", node_id=node.node_id, error=f"{type(exc).__name__}: {exc}")
+
+    def write_journal(self) -> bool:
+        """Write a snapshot now, unless nothing changed since the last one (the periodic
+        write for soft state: progress, metrics, goodput). Returns whether it wrote."""
+        if self.journal is None:
+            return False
+        return self.journal.write(self.snapshot(), skip_unchanged=True)
 
     def _node(self, node_id: int) -> NodeRecord:
         node = self.nodes.get(node_id)
@@ -200,8 +327,10 @@ class JobMaster:
         self.state = state
         self.reason = reason
         self.ended = self._clock()
+        self._held = None
         log.info("job_finished", state=state.value, reason=reason or None, restarts=self.restarts)
         self._event("job_finished", state=state.value, reason=reason, restarts=self.restarts)
+        self._decided("job_finished")
 
     def _live_nodes(self) -> list[NodeRecord]:
         return [n for n in self.nodes.values() if n.state not in _GONE]
@@ -209,14 +338,42 @@ class JobMaster:
     # ----- agent calls -----------------------------------------------------------------
 
     def register(self, node_id: int, host: str, pid: int) -> dict[str, Any]:
+        """An agent starts for ``node_id``. It gets a new fencing token: from now on the
+        node's earlier agents (frozen, partitioned, then back) are fenced — every call they
+        make is answered "stop" and changes nothing — and the segments it names with the
+        token are its own."""
         with self._lock:
             node = self._node(node_id)
             if node.state != "excluded":
                 node.state = "registered"
             node.host, node.pid = host, pid
             node.last_heartbeat = self._clock()
-            log.info("node_registered", node_id=node_id, host=host, pid=pid)
-            return {"action": self._action(self.required_round, node), "job_id": self.job_id}
+            self._last_token += 1  # (a counter: a scan of the node table per register is 10,000² at scale)
+            node.token = self._last_token
+            self._relaunching.pop(node_id, None)
+            self._gone_why.pop(node_id, None)
+            self._note_node(node)
+            log.info("node_registered", node_id=node_id, host=host, pid=pid, token=node.token)
+            return {"action": self._action(self.required_round, node), "job_id": self.job_id, "token": node.token}
+
+    def fenced(self, body: dict[str, Any]) -> bool:
+        """Whether a call carrying ``node_id`` and ``token`` comes from an agent that was
+        replaced (a newer agent of that node registered). Calls without a token are not
+        fenced."""
+        if not isinstance(body, dict) or body.get("token") is None:
+            return False
+        with self._lock:
+            return self._fenced(body)
+
+    def _fenced(self, body: dict[str, Any]) -> bool:
+        token = body.get("token") if isinstance(body, dict) else None
+        if token is None or body.get("node_id") is None:
+            return False
+        node = self.nodes.get(int(body["node_id"]))
+        stale = node is not None and node.token > int(token)
+        if stale:
+            log.warning("agent_fenced", node_id=body["node_id"], token=token, current=node.token)
+        return stale
 
     def join(self, node_id: int, nproc: int) -> dict[str, Any]:
         with self._lock:
@@ -224,6 +381,10 @@ class JobMaster:
             node.last_heartbeat = self._clock()
             if self._action(self.required_round, node) == "stop":
                 return {"action": "stop"}
+            rnd = self.rdzv.latest
+            if (rnd is not None and rnd.index >= self.required_round and node_id in rnd and node.state == "waiting"
+                    and node.round < rnd.index and not self.rdzv.is_waiting(node_id)):
+                return {"action": "none", "round": rnd.index}  # a join retried after it formed this round
             node.state = "waiting"
             index = self.rdzv.join(node_id, nproc)
             self.goodput.joined(self._clock())
@@ -243,12 +404,25 @@ class JobMaster:
             if order is not None:
                 return order
             rnd = self.rdzv.latest
-            if rnd is None or node_id not in rnd or rnd.index < self.required_round or node.state != "waiting":
+            # placed: a member of the running round, not told yet (waiting), or told already
+            # (running) but asking again: its answer was lost, e.g. with a master that died
+            placed = (rnd is not None and rnd.index >= self.required_round and node_id in rnd
+                      and not self.rdzv.is_waiting(node_id)
+                      and ((node.state == "waiting" and node.round < rnd.index)
+                           or (node.state == "running" and node.round == rnd.index)))
+            if not placed:
                 if not self.rdzv.is_waiting(node_id):  # e.g. the master restarted meanwhile
                     return {"state": "rejoin", "action": "none"}
                 return {"state": "waiting", "action": "none"}
-            node.state, node.round = "running", rnd.index
-            port, _ = self._stores[rnd.index]
+            assert rnd is not None
+            store = self._stores.get(rnd.index)
+            if store is None:  # the round's store died with the master before this one
+                self._new_round(f"the store of round {rnd.index} died with the previous job master")
+                return {"state": "rejoin", "action": "none"}
+            if node.state != "running":
+                node.state, node.round = "running", rnd.index
+                self._note_node(node, point="node_placed")
+            port, _ = store
             return {
                 "state": "ready", "action": "none", "round": rnd.index,
                 "node_rank": rnd.node_rank(node_id), "num_nodes": len(rnd.node_ids),
@@ -266,11 +440,14 @@ class JobMaster:
         steps: dict[int, int] | None = None,
         records: list[dict[str, Any]] | None = None,
         pid: int | None = None,
+        saves: dict[int, list[int]] | None = None,
+        token: int | None = None,
     ) -> dict[str, Any]:
         with self._lock:
             node = self._node(node_id)
-            if pid is not None and node.pid and pid != node.pid:
-                return {"action": "stop"}  # a stale agent of a node that was relaunched
+            if self._fenced({"node_id": node_id, "token": token}) or (
+                    token is None and pid is not None and node.pid and pid != node.pid):
+                return {"action": "stop", "fenced": True}  # a stale agent of a node that was relaunched
             node.last_heartbeat = self._clock()
             if node.state == "dead":  # came back: it must rejoin through rendezvous
                 node.state = "registered"
@@ -280,7 +457,23 @@ class JobMaster:
                 node.steps.update(steps)
             for record in records or ():
                 self._record(record)
+            latest = self.rdzv.latest
+            if round_index >= 0 and (latest is None or round_index > latest.index) and not self.state.is_terminal:
+                self._unknown_round(node_id, round_index)
+            self._check_saves(round_index, saves, steps)
             return {"action": self._action(round_index, node)}
+
+    def _unknown_round(self, node_id: int, round_index: int) -> None:
+        """An agent runs a round this master never formed (its predecessor died before the
+        round reached the journal: a failed write). Its members cannot be told apart from
+        the others, so every node restarts into a round numbered past it (not counted)."""
+        log.warning("round_unknown", node_id=node_id, round=round_index,
+                    known=self.rdzv.latest.index if self.rdzv.latest is not None else None)
+        self.rdzv.restore(Round(index=round_index, node_ids=(), nproc=()))
+        self.required_round = round_index + 1
+        self.rdzv.open_round()
+        self._event("membership_changed", round=self.required_round, reason=f"round {round_index} is unknown to the master")
+        self._decided("membership_changed")
 
     def _record(self, record: dict[str, Any]) -> None:
         self.goodput.add(record, now=self._clock())
@@ -306,62 +499,138 @@ class JobMaster:
         return self.checkpoints
 
     def checkpoint_shard(self, body: dict[str, Any]) -> dict[str, Any]:
-        """A rank's shard of a step is durable in storage."""
+        """A rank's shard of a step is durable in storage (written by incarnation
+        ``body["round"]``)."""
         with self._lock:
+            if self._fenced(body):
+                return {"committed": self._coordinator().latest, "stale": True, "reason": "fenced agent"}
             return self._coordinator().shard_done(step=int(body["step"]), rank=int(body["rank"]),
-                                                  world_size=int(body["world_size"]), info=body)
+                                                  world_size=int(body["world_size"]), info=body,
+                                                  round_index=int(body.get("round", 0)))
 
     def checkpoint_error(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Persisting a shard failed (disk full, permission...): record it; training goes on."""
+        """Persisting a shard failed. A failed write (disk full, permission) is recorded and
+        shown in the status; training goes on. A ``fatal`` one (a write stuck past
+        ``checkpoint.persist_timeout_s``, or a final checkpoint that is not durable) ends
+        the job FAILED with the saver's reason, which names the storage, the step and the
+        error — no node is blamed for it."""
         with self._lock:
-            self._event("checkpoint_persist_failed", **{k: body.get(k) for k in ("node_id", "rank", "step", "error")})
-            return {"action": "none"}
+            if self._fenced(body):
+                return {"action": "stop"}
+            fields = {k: body.get(k) for k in ("node_id", "rank", "step", "error", "storage")}
+            self._event("checkpoint_persist_failed", **fields, fatal=bool(body.get("fatal")))
+            if self.checkpoints is not None:
+                self.checkpoints.persist_error = fields
+            if body.get("fatal"):
+                self._finish(JobState.FAILED, str(body.get("error")))
+            return {"action": self._action(self.required_round)}
 
     def restore_plan(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A rank's snapshots in memory (``memory``: ``[step, round]`` pairs, or
+        ``memory_steps``); answers the restore decision once every rank reported."""
         with self._lock:
-            return self._coordinator().restore_plan(
+            memory = body.get("memory")
+            if memory is None:
+                memory = [int(s) for s in body.get("memory_steps") or []]
+            coordinator = self._coordinator()
+            before = coordinator.restore_count
+            answer = coordinator.restore_plan(
                 round_index=int(body["round"]), rank=int(body["rank"]), world_size=int(body["world_size"]),
-                memory_steps=[int(s) for s in body.get("memory_steps") or []])
+                memory=memory)
+            if coordinator.restore_count != before:  # the lineage changed: a restarted master must know it
+                self._decided("restore_decided")
+            return answer
+
+    def restore_verify(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A rank checked its shard of the storage step it is about to load (``ok`` or
+        ``error``); answers ``waiting`` / ``ok`` / ``retry`` (with an older step) / ``failed``."""
+        with self._lock:
+            coordinator = self._coordinator()
+            before = coordinator.restore_count
+            answer = coordinator.verify(
+                round_index=int(body["round"]), rank=int(body["rank"]), world_size=int(body["world_size"]),
+                step=int(body["step"]), ok=bool(body["ok"]), error=str(body.get("error") or ""))
+            if coordinator.restore_count != before:
+                self._decided("restore_decided")
+            return answer
+
+    def _check_saves(self, round_index: int, saves: dict[int, list[int]] | None, steps: dict[int, int] | None) -> None:
+        """Fold ranks' storage saves and progress into the same-steps rule; a violation
+        fails the job at once (the step can never be committed)."""
+        if self.checkpoints is None or self.state.is_terminal or round_index < 0:
+            return
+        if round_index < self._whole_rounds_from:
+            return  # a master that died heard part of this round's saves (heartbeats are not journaled)
+        for rank, saved in (saves or {}).items():
+            self.checkpoints.note_saves(round_index, rank, saved)
+        for rank, step in (steps or {}).items():
+            self.checkpoints.note_progress(round_index, rank, step)
+        if saves or steps:
+            problem = self.checkpoints.misuse(round_index)
+            if problem is not None:
+                self._finish(JobState.FAILED, problem)
 
     # ----- failures ----------------------------------------------------------------------
 
     def failure(self, node_id: int, round_index: int, failures: list[dict[str, Any]]) -> dict[str, Any]:
         """Workers of ``node_id`` failed (or the node was lost) in round ``round_index``;
-        decide restart or stop."""
-        with self._lock:
+        decide restart or stop.
+
+        An exception every rank raised before its first step is the script's: the job stops
+        after this round, with its type and message, and no node is blamed. So that every
+        rank gets to report it, the restart ordered by the first such report waits (up to
+        ``_SCRIPT_ERROR_WAIT_S``) for the others'."""
+        with self._batch():
             node = self._node(node_id)
             if node.state not in _GONE:
                 node.last_heartbeat = self._clock()
             current = self.rdzv.latest
             consequence = (self.state.is_terminal or current is None or round_index < self.required_round
                            or round_index != current.index)
+            held = not consequence and self._held is not None and self._held[0] == round_index
+            script = bool(failures) and all(_before_first_step(f) for f in failures)
+            world = current.world_size if current is not None else 0
+            verdicts = [self._errors.record(round_index, world, f.get("rank"), f.get("exception")) for f in failures]
+            verdict = next(((v, f["exception"]) for v, f in zip(verdicts, failures, strict=True) if v), None)
             if consequence:
                 action = f"none: round {round_index} was already being restarted"
+            elif held:
+                action = f"none: round {round_index} already failed (its restart waits for the other ranks)"
+                if verdict is None and not script:  # not the script's error after all: restart now
+                    self._release_held()
+            elif verdict is not None:  # every rank of the round reported the same error in this call
+                action = "stopped the job: the error is not retryable"
             else:
                 node.failures += 1
-                self.goodput.failed(self._clock())
+                silent = max((float(f.get("silent_s") or 0.0) for f in failures), default=0.0)
+                self.goodput.failed(self._clock(), silent_s=silent)
                 if self.restarts < self.job.failure.max_restarts:
                     self.restarts += 1
-                    self.required_round = round_index + 1
-                    self.rdzv.open_round()
-                    action = (f"restarted all workers (round {self.required_round}, "
-                              f"restart {self.restarts}/{self.job.failure.max_restarts})")
+                    if script and verdict is None:
+                        self._held = (round_index, self._clock() + _SCRIPT_ERROR_WAIT_S, node_id)
+                        action = (f"restart {self.restarts}/{self.job.failure.max_restarts} ordered once the other "
+                                  "ranks reported (an exception before the first step may be the script's)")
+                        log.info("restart_held", round=round_index, node_id=node_id, wait_s=_SCRIPT_ERROR_WAIT_S)
+                    else:
+                        self._order_restart(round_index)
+                        action = (f"restarted all workers (round {self.required_round}, "
+                                  f"restart {self.restarts}/{self.job.failure.max_restarts})")
                 else:
                     last = failures[-1]
-                    reason = (f"restart budget exhausted (failure.max_restarts={self.job.failure.max_restarts}); "
+                    reason = (f"restart budget exhausted (failure.max_restarts={self.job.failure.max_restarts}) "
+                              f"by {self._failure_counts()}; "
                               f"last failure: rank {last.get('rank')} on node {node_id}, {describe(last)}"
                               + (f" (exit code {last.get('exit_code')})" if last.get("exit_code") is not None else ""))
                     action = "stopped the job: restart budget exhausted"
                     self._finish(JobState.FAILED, reason)
-            world = current.world_size if current is not None else 0
-            deterministic = None
+            counted = not consequence and not held and verdict is None
             for f in failures:
                 rec = {
                     "time_s": self._now(), "round": round_index, "node_id": node_id,
                     "rank": f.get("rank"), "local_rank": f.get("local_rank"), "exit_code": f.get("exit_code"),
                     "signal": signal_name(f.get("exit_code")), "step": self.goodput.last_step,
                     "last_committed_step": self.goodput.last_committed_step, "action": action,
-                    "restored_step": None, "restored_from": None, "counted": not consequence,
+                    "restored_step": None, "restored_from": None, "counted": counted,
                     "kind": f.get("kind") or ("signal" if signal_name(f.get("exit_code")) else "exit"),
                     "detail": describe(f),
                 }
@@ -370,28 +639,65 @@ class JobMaster:
                             step=rec["step"], action=action)
                 self._event("worker_failed", **{("failure_kind" if k == "kind" else k): v
                                                 for k, v in rec.items() if k != "counted"})
-                if self._errors.record(round_index, world, f.get("rank"), f.get("exception")):
-                    deterministic = f["exception"]
-            if not consequence and not self.state.is_terminal:
+            if counted and not self.state.is_terminal and round_index < self.required_round:
                 self._event("workers_restarted", round=self.required_round, restarts=self.restarts)
-            if deterministic is not None and not self.state.is_terminal:
+            if verdict is not None and not self.state.is_terminal:
+                kind, exc = verdict
+                if kind == "script" and self._held is not None and self._held[0] == round_index:
+                    blamed = self.nodes.get(self._held[2])
+                    if blamed is not None and blamed.failures > 0:
+                        blamed.failures -= 1  # the script's error, not its node's
+                when = ("before its first step (at import or start-up): an error of the script, not of a node"
+                        if kind == "script" else f"at step {exc.get('step')}, in two failing rounds in a row")
                 self._finish(JobState.FAILED, (
-                    f"not retryable: every rank raised {deterministic['exc_type']}: {deterministic['message']} "
-                    f"at step {deterministic['step']}, in two failing rounds in a row; restarting cannot help.\n"
-                    f"{deterministic.get('traceback', '')}").rstrip())
-            elif not consequence and not self.state.is_terminal and node.failures >= self.job.failure.max_node_failures:
+                    f"not retryable: every rank raised {exc.get('exc_type')}: {exc.get('message')} {when}; "
+                    f"restarting cannot help.\n{exc.get('traceback', '')}").rstrip())
+            elif (counted and not self.state.is_terminal and self._held is None
+                  and node.failures >= self.job.failure.max_node_failures):
                 self._exclude(node, f"it failed {node.failures} times (failure.max_node_failures="
                                     f"{self.job.failure.max_node_failures})")
             return {"action": self._action(round_index, node)}
 
+    def _order_restart(self, round_index: int) -> None:
+        """Every worker restarts into the round after ``round_index`` (the restart is counted
+        by the caller)."""
+        self.required_round = round_index + 1
+        self.rdzv.open_round()
+        self._decided("restart_decided")
+
+    def _release_held(self) -> None:
+        """Order the restart a failure before the first step held back: the other ranks did
+        not all raise the same (or did not report in time)."""
+        if self._held is None:
+            return
+        round_index, _, node_id = self._held
+        self._held = None
+        if self.state.is_terminal or round_index < self.required_round:
+            return
+        self._order_restart(round_index)
+        log.info("restart_released", round=round_index, node_id=node_id)
+        self._event("workers_restarted", round=self.required_round, restarts=self.restarts)
+        node = self.nodes.get(node_id)
+        if node is not None and node.state not in _GONE and node.failures >= self.job.failure.max_node_failures:
+            self._exclude(node, f"it failed {node.failures} times (failure.max_node_failures="
+                                f"{self.job.failure.max_node_failures})")
+
+    def _failure_counts(self) -> str:
+        """``"3 failures: node 0 (2), node 1 (1)"``: the failures each node was blamed for."""
+        blamed = sorted((n for n in self.nodes.values() if n.failures), key=lambda n: n.node_id)
+        total = sum(n.failures for n in blamed)
+        return f"{_plural(total, 'failure')}: " + ", ".join(f"node {n.node_id} ({n.failures})" for n in blamed)
+
     def _exclude(self, node: NodeRecord, why: str) -> None:
         """Take a node out of the job for good and ask for a replacement."""
         node.state = "excluded"
+        self._gone_why[node.node_id] = f"excluded: {why}"
         self.rdzv.leave(node.node_id)
         log.warning("node_excluded", node_id=node.node_id, reason=why)
         self._event("node_excluded", node_id=node.node_id, reason=why)
         replacement = max(self.nodes) + 1
         self._node(replacement).state = "registered"  # expected; silent until it starts
+        self._note_node(node, point="node_excluded")
         self._start_relaunch(replacement, replaces=node.node_id)
 
     def _start_relaunch(self, node_id: int, *, replaces: int | None = None) -> None:
@@ -405,18 +711,25 @@ class JobMaster:
         node = self._node(node_id)
         node.relaunches += 1
         node.last_heartbeat = self._clock()  # give the new agent a full timeout to start
+        self._relaunching[node_id] = self._clock()
         log.info("node_relaunch", node_id=node_id, replaces=replaces)
         self._event("node_relaunched", node_id=node_id, replaces=replaces)
-        relaunch = self._relaunch
+        self._note_node(node, point="relaunch_issued")
+        relaunch, relauncher = self._relaunch, self._relauncher
 
         def run() -> None:
             try:
                 relaunch(node_id)
             except Exception as exc:  # the backend refused: the node stays missing
                 log.error("node_relaunch_failed", node_id=node_id, error=f"{type(exc).__name__}: {exc}")
-                self._event("node_relaunch_failed", node_id=node_id, error=str(exc))
+                with self._batch():
+                    self._event("node_relaunch_failed", node_id=node_id, error=str(exc))
+                    self._relaunching.pop(node_id, None)
+                    self._gone_why.setdefault(node_id, f"its relaunch failed ({type(exc).__name__}: {exc})")
+                    self._note_node(self._node(node_id))
+                    self._check_below_min()
 
-        self._relauncher.submit(run)
+        self._after_journal(lambda: relauncher.submit(run))
 
     def succeeded(self, node_id: int, round_index: int) -> dict[str, Any]:
         with self._lock:
@@ -426,19 +739,89 @@ class JobMaster:
             if rnd is not None and round_index == rnd.index and round_index >= self.required_round:
                 node.state = "succeeded"
                 self._succeeded_nodes.add(node_id)
+                self._note_node(node, succeeded=True, point="node_succeeded")
                 log.info("node_succeeded", node_id=node_id, round=round_index)
                 # (the size test first: the set test scans the round, once per node otherwise)
                 if len(self._succeeded_nodes) >= len(rnd.node_ids) and self._succeeded_nodes.issuperset(rnd.node_ids):
-                    self._finish(JobState.SUCCEEDED)
+                    problem = self.checkpoints.final_problem() if self.checkpoints is not None else None
+                    if problem is not None:  # never SUCCEEDED without the final checkpoint
+                        self._finish(JobState.FAILED, problem)
+                    else:
+                        self._finish(JobState.SUCCEEDED)
             return {"action": self._action(round_index, node)}
 
     def exited(self, node_id: int) -> dict[str, Any]:
-        with self._lock:
+        """The agent of ``node_id`` exited (the job ended for it, or it was stopped: scaled
+        down, preempted). A member of the running round leaving makes the others restart
+        into a round without it; too few nodes left fails the job at once."""
+        with self._batch():
             node = self._node(node_id)
+            was = node.state
             if node.state != "excluded":
                 node.state = "exited"
+                self._gone_why[node_id] = "exited"
             self.rdzv.leave(node_id)
+            self._note_node(node)
+            rnd = self.rdzv.latest
+            if (not self.state.is_terminal and rnd is not None and node_id in rnd and rnd.index >= self.required_round
+                    and was in ("running", "waiting") and node_id not in self._succeeded_nodes):
+                log.warning("node_exited_mid_round", node_id=node_id, round=rnd.index)
+                self._new_round(f"node {node_id} exited")
+            self._check_below_min()
             return {"action": "stop"}
+
+    def _new_round(self, why: str) -> None:
+        """The running round cannot go on (a member left, its store is gone): every node
+        restarts into a new round. A membership change, not counted as a failure."""
+        rnd = self.rdzv.latest
+        if self.state.is_terminal or rnd is None or rnd.index < self.required_round:
+            return
+        self.required_round = rnd.index + 1
+        self.rdzv.open_round()
+        log.info("membership_changed", round=self.required_round, reason=why)
+        self._event("membership_changed", round=self.required_round, from_nodes=len(rnd.node_ids),
+                    to_nodes=len(self._live_nodes()), reason=why)
+        self._decided("membership_changed")
+
+    def _coming(self) -> list[int]:
+        """Gone nodes whose relaunch was ordered: they may come back."""
+        return sorted(n for n in self._relaunching if n in self.nodes and self.nodes[n].state in ("dead", "exited"))
+
+    def _check_below_min(self) -> None:
+        """Fail the job at once when fewer than ``nodes.min`` nodes are live and no relaunch
+        ordered can make up for it (before the first round, nodes may still be starting)."""
+        rnd = self.rdzv.latest
+        if self.state.is_terminal or rnd is None:
+            return
+        live = self._live_nodes()
+        # members of the running round that finished need not come back for it to succeed
+        done = (sum(1 for n in self._succeeded_nodes if n in self.nodes and self.nodes[n].state in _GONE)
+                if rnd.index >= self.required_round else 0)
+        if len(live) + len(self._coming()) + done >= self.job.nodes.min:
+            return
+        gone = [f"node {n} {why}" for n, why in sorted(self._gone_why.items())
+                if n in self.nodes and self.nodes[n].state in _GONE]
+        lost = any(self.nodes[n].state == "dead" for n in self._gone_why if n in self.nodes)
+        cannot = "; the scheduler cannot relaunch nodes" if lost and self._relaunch is None else ""
+        self._finish(JobState.FAILED, (
+            f"{_plural(len(live), 'live node')} < nodes.min={self.job.nodes.min} and none can come back: "
+            f"{', '.join(gone) or 'no other node'}{cannot}; live: "
+            f"{', '.join(f'node {n.node_id}' for n in sorted(live, key=lambda n: n.node_id)) or 'none'}"))
+
+    def _waiting_message(self) -> str:
+        """While a round must form with fewer live nodes than ``nodes.min``: what it waits
+        for (empty otherwise)."""
+        rnd = self.rdzv.latest
+        if self.state.is_terminal or (rnd is not None and rnd.index >= self.required_round):
+            return ""
+        live = sorted(n.node_id for n in self._live_nodes())
+        need = self.job.nodes.min - len(live)
+        if need <= 0:
+            return ""
+        coming = self._coming()
+        return (f"waiting for {_plural(need, 'more node')}; live: "
+                f"{', '.join(f'node {n}' for n in live) or 'none'} ({len(live)} < nodes.min={self.job.nodes.min})"
+                + (f"; relaunching: {', '.join(f'node {n}' for n in coming)}" if coming else ""))
 
     def cancel(self, reason: str = "cancelled by the user") -> dict[str, Any]:
         with self._lock:
@@ -474,6 +857,7 @@ class JobMaster:
         log.info("rendezvous_completed", round=rnd.index, nodes=list(rnd.node_ids), world_size=rnd.world_size,
                  store_port=port)
         self._event("rendezvous_completed", round=rnd.index, node_ids=list(rnd.node_ids), world_size=rnd.world_size)
+        self._decided("round_formed")
         return rnd
 
     def _need_live_count(self) -> bool:
@@ -548,6 +932,7 @@ class JobMaster:
 
     def _lose(self, node: NodeRecord, silent_s: float) -> None:
         node.state = "dead"
+        self._gone_why[node.node_id] = f"lost (no heartbeat for {silent_s:.0f} s)"
         self.rdzv.leave(node.node_id)
         log.warning("node_lost", node_id=node.node_id, silent_s=round(silent_s, 1))
         rnd = self.rdzv.latest
@@ -557,16 +942,15 @@ class JobMaster:
                 "detail": f"no heartbeat for {silent_s:.0f} s"}])
         else:
             node.failures += 1
+        self._note_node(node, point="node_lost")
         if self.state.is_terminal or node.state == "excluded":
             return
         if node.failures >= self.job.failure.max_node_failures:
             self._exclude(node, f"lost {node.failures} times (failure.max_node_failures={self.job.failure.max_node_failures})")
         elif self._relaunch is not None:
             self._start_relaunch(node.node_id)
-        elif len(self._live_nodes()) < self.job.nodes.min:
-            self._finish(JobState.FAILED, f"node {node.node_id} lost (no heartbeat for "
-                                          f"{self.job.failure.heartbeat_timeout_s:g} s); {len(self._live_nodes())} live "
-                                          f"nodes < nodes.min={self.job.nodes.min} and the scheduler cannot relaunch nodes")
+        else:
+            self._check_below_min()
 
     def _maybe_scale_up(self, now: float) -> None:
         """Nodes wait while a smaller-than-max round runs: restart into a bigger round."""
@@ -585,20 +969,27 @@ class JobMaster:
         log.info("membership_changed", round=self.required_round, nodes=len(rnd.node_ids), to=bigger, waiting=waiting)
         self._event("membership_changed", round=self.required_round, from_nodes=len(rnd.node_ids), to_nodes=bigger,
                     waiting=waiting)
+        self._decided("membership_changed")
 
     def tick(self) -> None:
         """Complete a due round; declare silent nodes lost; scale up; time out a stuck
-        rendezvous."""
-        with self._lock:
+        rendezvous; order a restart held for the other ranks' reports once its wait is over."""
+        with self._batch():
             if self.state.is_terminal:
                 return
             self._try_complete()
             now = self._clock()
+            if self._held is not None and now > self._held[1]:
+                self._release_held()
             timeout = self.job.failure.heartbeat_timeout_s
             for node in list(self.nodes.values()):
                 silent = now - node.last_heartbeat
                 if node.state not in _GONE and silent > timeout:
-                    self._lose(node, silent)
+                    if node.node_id in self._relaunching:  # ordered, never registered: maybe never issued
+                        log.warning("node_relaunch_unanswered", node_id=node.node_id, silent_s=round(silent, 1))
+                        self._start_relaunch(node.node_id)
+                    else:
+                        self._lose(node, silent)
             if self.state.is_terminal:
                 return
             self._maybe_scale_up(now)
@@ -613,48 +1004,91 @@ class JobMaster:
     # ----- journal (master restarts) ------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        """The master's durable state as JSON-safe data (heartbeat times excluded)."""
+        """The master's durable state as JSON-safe data (heartbeat times excluded), with
+        ``version`` (increasing) and ``seq`` (the last node change logged it includes)."""
         with self._lock:
             rnd = self.rdzv.latest
+            self._version += 1
+            store = self._stores.get(rnd.index) if rnd is not None else None
             return {
-                "version": 1, "job_id": self.job_id, "elapsed_s": self._now(), "state": self.state.value,
+                "format": 2, "version": self._version, "seq": self._seq,
+                "job_id": self.job_id, "elapsed_s": self._now(), "state": self.state.value,
                 "reason": self.reason, "restarts": self.restarts, "required_round": self.required_round,
                 "round": None if rnd is None else {"index": rnd.index, "node_ids": list(rnd.node_ids),
-                                                   "nproc": list(rnd.nproc)},
+                                                   "nproc": list(rnd.nproc),
+                                                   "store_port": store[0] if store is not None else None},
+                "relaunching": sorted(self._relaunching), "gone_why": {str(k): v for k, v in self._gone_why.items()},
                 "succeeded": sorted(self._succeeded_nodes),
                 "nodes": [_journal_dict(n) for n in self.nodes.values()],
                 "failures": self.failures, "metrics": self.metrics, "goodput": self.goodput.to_dict(),
                 "pending_shards": self.checkpoints.pending_shards() if self.checkpoints else [],
+                "checkpoints": self.checkpoints.to_dict() if self.checkpoints else {},
             }
 
-    def restore(self, snap: dict[str, Any]) -> None:
-        """Resume from :meth:`snapshot` after a restart. Agents keep their workers; they get
-        a full heartbeat timeout to reconnect."""
-        with self._lock:
+    def restore(self, snap: dict[str, Any], entries: Sequence[dict[str, Any]] = ()) -> None:
+        """Resume from :meth:`snapshot` and the node changes logged after it (``entries``,
+        from :meth:`Journal.load`) after a restart. Agents keep their workers; they get a
+        heartbeat timeout plus ``_RESTORE_GRACE_S`` to find this master. The running
+        round's store is reopened on its port (else, if a node still needs it, a new round
+        is opened); a relaunch ordered but not answered is issued again if its node does
+        not register within a heartbeat timeout."""
+        with self._batch():
             now = self._clock()
             self.started = now - float(snap["elapsed_s"])
             self.state, self.reason = JobState(snap["state"]), snap["reason"]
             self.restarts, self.required_round = snap["restarts"], snap["required_round"]
+            self._version = max(self._version, int(snap.get("version", 0)))
+            self._seq = max([int(snap.get("seq", 0)), *(int(e["seq"]) for e in entries)])
             r = snap["round"]
-            self.rdzv.restore(None if r is None else Round(index=r["index"], node_ids=tuple(r["node_ids"]),
-                                                           nproc=tuple(r["nproc"])))
+            rnd = None if r is None else Round(index=r["index"], node_ids=tuple(r["node_ids"]), nproc=tuple(r["nproc"]))
+            self.rdzv.restore(rnd)
+            self._whole_rounds_from = rnd.index + 1 if rnd is not None else 0
             self._succeeded_nodes = set(snap["succeeded"])
             self.nodes = {}
-            for n in snap["nodes"]:
+            for n in [*snap["nodes"], *(e["node"] for e in entries)]:  # later lines win
                 node = NodeRecord(**{**n, "workers": {int(k): v for k, v in n["workers"].items()},
                                      "steps": {int(k): v for k, v in n["steps"].items()}})
-                node.last_heartbeat = now
-                if node.state == "waiting":  # it will poll again and find no round: make it rejoin
-                    node.state = "registered"
                 self.nodes[node.node_id] = node
+            self._gone_why = {int(k): v for k, v in (snap.get("gone_why") or {}).items()}
+            relaunching = {int(n) for n in snap.get("relaunching") or ()}
+            for entry in entries:
+                node_id = int(entry["node"]["node_id"])
+                if entry.get("succeeded"):
+                    self._succeeded_nodes.add(node_id)
+                if "relaunching" in entry:
+                    (relaunching.add if entry["relaunching"] else relaunching.discard)(node_id)
+                if entry.get("gone_why"):
+                    self._gone_why[node_id] = entry["gone_why"]
+                elif "gone_why" in entry:
+                    self._gone_why.pop(node_id, None)
+            self._last_token = max((n.token for n in self.nodes.values()), default=0)
+            current = rnd if rnd is not None and rnd.index >= self.required_round else None
+            for node in self.nodes.values():
+                node.last_heartbeat = now + _RESTORE_GRACE_S
+                untold = current is not None and node.node_id in current and node.round < current.index
+                if node.state == "waiting" and not untold:  # it will poll again and find no round: make it rejoin
+                    node.state = "registered"
+            for node_id in sorted(relaunching):
+                node = self._node(node_id)
+                if node.state in ("dead", "exited"):
+                    node.state = "registered"  # expected: silent until it starts (or relaunched again)
+                node.last_heartbeat = now + _RESTORE_GRACE_S
+                self._relaunching[node.node_id] = now
+            port = r.get("store_port") if r is not None else None
+            if current is not None and port and self._reopen_store is not None:
+                try:
+                    self._stores[current.index] = (int(port), self._reopen_store(int(port)))
+                    log.info("round_store_reopened", round=current.index, port=port)
+                except Exception as exc:  # taken meanwhile: a node that needs it opens a new round
+                    log.warning("round_store_lost", round=current.index, port=port, error=f"{type(exc).__name__}: {exc}")
             self.failures, self.metrics = snap["failures"], snap["metrics"]
             self.goodput = GoodputTracker.from_dict(snap["goodput"])
-            for shard in snap["pending_shards"]:
-                if self.checkpoints is not None:
-                    self.checkpoints.shard_done(step=shard["step"], rank=shard["rank"],
-                                                world_size=shard["world_size"], info=shard["info"])
-            log.info("master_recovered", round=r["index"] if r else None, nodes=len(self.nodes), restarts=self.restarts)
+            if self.checkpoints is not None:
+                self.checkpoints.load_dict(snap.get("checkpoints") or {"pending_shards": snap["pending_shards"]})
+            log.info("master_recovered", round=r["index"] if r else None, nodes=len(self.nodes), restarts=self.restarts,
+                     logged_changes=len(entries))
             self._event("master_recovered", round=r["index"] if r else None, nodes=len(self.nodes))
+            self._decided("master_recovered")
 
     # ----- views -------------------------------------------------------------------------
 
@@ -668,13 +1102,24 @@ class JobMaster:
             rnd = self.rdzv.latest
             g = self.goodput
             return {
-                "job_id": self.job_id, "state": self.state.value, "message": self.reason,
+                "job_id": self.job_id, "state": self.state.value,
+                "message": self.reason or self._waiting_message() or self._warning(),
                 "step": g.last_step, "metrics": dict(self.metrics),
-                "nodes": len(rnd.node_ids) if rnd else 0, "max_nodes": self.job.nodes.max,
+                # the running round's members still alive (not its size: a node that left is not counted)
+                "nodes": sum(1 for n in rnd.node_ids if n in self.nodes and self.nodes[n].state not in _GONE) if rnd else 0,
+                "max_nodes": self.job.nodes.max,
                 "restarts": self.restarts, "round": rnd.index if rnd else -1,
                 "elapsed_s": round(self._now(), 3), "node_table": [n.to_dict() for n in self.nodes.values()],
                 "goodput": self._timeline(),
             }
+
+    def _warning(self) -> str:
+        """A running job's storage trouble, for the status line (empty when none)."""
+        error = self.checkpoints.persist_error if self.checkpoints is not None else None
+        if not error:
+            return ""
+        return (f"checkpoint storage failing: step {error.get('step')} rank {error.get('rank')}: {error.get('error')} "
+                f"(last commit: step {self.checkpoints.latest})")  # type: ignore[union-attr]
 
     def _timeline(self) -> dict[str, float]:
         g = self.goodput

@@ -14,7 +14,8 @@ Every endpoint takes and returns JSON; a 4xx answer carries ``{"error": ...}``.
 ``POST /v1/cancel``         ``{reason}``
 ``POST /v1/checkpoint_shard`` ``{node_id, rank, step, world_size, crc32, bytes}`` → ``{committed}``
 ``POST /v1/checkpoint_error`` ``{node_id, rank, step, error}``
-``POST /v1/restore_plan``   ``{round, rank, world_size, memory_steps}`` → ``{state, source, step}``
+``POST /v1/restore_plan``   ``{round, rank, world_size, memory: [[step, round]]}`` → ``{state, source, step}``
+``POST /v1/restore_verify`` ``{round, rank, world_size, step, ok, error}`` → ``{state, step}``
 ``GET  /v1/status``         live status (``JobStatus`` fields plus the node table)
 ``GET  /v1/result``         the JobResult as a dict
 ==========================  ===========================================================
@@ -68,6 +69,10 @@ _WATCH_S = 0.01
 _FULL_GC_THRESHOLD = 1000
 
 _JSON_HEADERS = [(b"content-type", b"application/json")]
+#: Endpoints an agent calls for its node: a replaced (fenced) agent's calls are answered
+#: ``stop`` and change nothing (``JobMaster.fenced``).
+_FENCED = frozenset({"join", "poll", "heartbeat", "failure", "succeeded", "exited", "node_check",
+                     "checkpoint_shard", "checkpoint_error"})
 
 
 def _int_keys(d: dict[str, Any] | None) -> dict[int, int]:
@@ -106,7 +111,9 @@ class MasterServer:
             "heartbeat": lambda b: m.heartbeat(
                 int(b["node_id"]), int(b["round"]), workers=_int_keys(b.get("workers")),
                 steps=_int_keys(b.get("steps")), records=b.get("records") or [],
-                pid=int(b["pid"]) if b.get("pid") else None),
+                pid=int(b["pid"]) if b.get("pid") else None,
+                saves={int(k): [int(s) for s in v] for k, v in (b.get("saves") or {}).items()},
+                token=int(b["token"]) if b.get("token") is not None else None),
             "failure": lambda b: m.failure(int(b["node_id"]), int(b["round"]), list(b["failures"])),
             "succeeded": lambda b: m.succeeded(int(b["node_id"]), int(b["round"])),
             "exited": lambda b: m.exited(int(b["node_id"])),
@@ -115,6 +122,7 @@ class MasterServer:
             "checkpoint_shard": m.checkpoint_shard,
             "checkpoint_error": m.checkpoint_error,
             "restore_plan": m.restore_plan,
+            "restore_verify": m.restore_verify,
             "status": lambda b: m.status(),
             "result": lambda b: m.result().to_dict(),
         }
@@ -179,7 +187,9 @@ class MasterServer:
                     payload = json.loads(body) or {}
                 except ValueError:  # a body that is not JSON counts as empty
                     payload = {}
-            if name == "poll":
+            if name in _FENCED and isinstance(payload, dict) and self.master.fenced(payload):
+                status, answer = 200, {"action": "stop", "state": "stop", "fenced": True}
+            elif name == "poll":
                 status, answer = await self._poll(payload)
             else:
                 status, answer = self._call(name, payload)

@@ -48,12 +48,16 @@ class Capabilities:
         relaunch_node: can replace a failed node (``relaunch_node``).
         follow_logs: ``logs(follow=True)`` streams until the job ends.
         multi_host: nodes can live on different machines.
+        storage_on_submit_host: the nodes see the checkpoint storage as the submitting
+            machine does (local processes, containers with it bound in), so ``submit``
+            refuses one that this machine cannot write before anything starts.
     """
 
     elastic: bool = False
     relaunch_node: bool = False
     follow_logs: bool = False
     multi_host: bool = False
+    storage_on_submit_host: bool = False
 
 
 @attrs.frozen(kw_only=True)

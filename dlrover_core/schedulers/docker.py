@@ -377,7 +377,8 @@ class DockerScheduler(SchedulerBackend):
     """Runs the master and every node of a job in containers on a Docker engine."""
 
     name = "docker"
-    capabilities = Capabilities(elastic=True, relaunch_node=True, follow_logs=True, multi_host=False)
+    capabilities = Capabilities(elastic=True, relaunch_node=True, follow_logs=True, multi_host=False,
+                                storage_on_submit_host=True)
 
     def __init__(self) -> None:
         self._docker: docker.DockerClient | None = None

@@ -7,6 +7,12 @@ loopback, exactly as on a cluster. ``submit`` writes into the run's log director
     handle.json   pids and the master address node_<i>.log each agent's output (workers prefixed)
     events.jsonl  job events (by the master)  node_<i>/     per-rank logs and progress files
     result.json   the JobResult (by the master, at the end)
+    master_addr   the master's current host:port (written by the master once it listens)
+
+A master that dies before writing a result is started again (``supervise``), after a backoff
+that doubles each time, and resumes from its journal. If its port was taken meanwhile it
+listens on a free one and writes it to ``master_addr``, where agents and workers
+(``DLROVER_MASTER_ADDR_FILE``) and this backend look for it.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from dlrover_core import env
 from dlrover_core.agent.launch import preview_workers
 from dlrover_core.checkpoint.shm import remove_segments
 from dlrover_core.errors import SchedulerError
+from dlrover_core.logging import get_logger
 from dlrover_core.plugins import get_host, hookimpl
 from dlrover_core.result import JobResult
 from dlrover_core.schedulers.base import (
@@ -47,6 +54,8 @@ __all__ = ["LocalScheduler"]
 
 _MASTER_START_TIMEOUT_S = 60.0
 _MASTER_RESTARTS = 3
+#: Seconds before the first restart of a dead master; each further restart waits twice as long.
+_MASTER_BACKOFF_S = 1.0
 
 
 def _free_port() -> int:
@@ -90,7 +99,8 @@ class LocalScheduler(SchedulerBackend):
     """Runs every node of a job as processes on this machine."""
 
     name = "local"
-    capabilities = Capabilities(elastic=True, relaunch_node=True, follow_logs=True, multi_host=False)
+    capabilities = Capabilities(elastic=True, relaunch_node=True, follow_logs=True, multi_host=False,
+                                storage_on_submit_host=True)
 
     def __init__(self) -> None:
         self._popens: dict[str, dict[str, subprocess.Popen]] = {}
@@ -116,6 +126,7 @@ class LocalScheduler(SchedulerBackend):
             env.JOB_ID: job_id,
             env.LOG_DIR: str(log_dir),
             env.WATCH_PID: str(os.getpid()),
+            env.MASTER_ADDR_FILE: str(log_dir / "master_addr"),
             "PYTHONUNBUFFERED": "1",
         }
         if "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in job.env:
@@ -163,13 +174,17 @@ class LocalScheduler(SchedulerBackend):
         master_spec = next(p for p in plan.processes if p.role == "master")
         agent_specs = [p for p in plan.processes if p.role == "agent"]
         master_addr = agent_specs[0].env[env.MASTER_ADDR]
+        addr_file = Path(master_spec.env.get(env.MASTER_ADDR_FILE) or log_dir / "master_addr")
         master = self._start(plan.job_id, master_spec)
         deadline = time.monotonic() + _MASTER_START_TIMEOUT_S
         while True:
-            try:
-                httpx.get(f"http://{master_addr}/v1/status", timeout=1.0).raise_for_status()
-                break
-            except httpx.HTTPError:
+            try:  # the address the master listens on (another one if the planned port was taken)
+                master_addr = addr_file.read_text().strip() or master_addr
+                answer = httpx.get(f"http://{master_addr}/v1/status", timeout=1.0)
+                answer.raise_for_status()
+                if answer.json().get("job_id") == plan.job_id:
+                    break
+            except (httpx.HTTPError, OSError, ValueError):
                 pass
             if master.poll() is not None or time.monotonic() > deadline:
                 _kill_tree(master.pid, 1.0)
@@ -190,6 +205,23 @@ class LocalScheduler(SchedulerBackend):
         except FileNotFoundError:
             raise SchedulerError(f"no local job {handle.job_id} under {handle.log_dir}") from None
 
+    def _write_info(self, handle: JobHandle, update: dict) -> dict:
+        """Merge ``update`` into handle.json (shared with the master, which records relaunched
+        agents there): re-read, merge, replace atomically."""
+        info = {**self._info(handle), **update}
+        tmp = Path(handle.log_dir) / f"handle.json.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(info, indent=2))
+        os.replace(tmp, Path(handle.log_dir) / "handle.json")
+        return info
+
+    def _master_addr(self, handle: JobHandle, info: dict | None = None) -> str:
+        """The master's current ``host:port``: its address file, else the one in handle.json."""
+        try:
+            addr = (Path(handle.log_dir) / "master_addr").read_text().strip()
+        except OSError:
+            addr = ""
+        return addr or (info or self._info(handle))["master_addr"]
+
     def _reap(self, handle: JobHandle) -> None:
         for popen in self._popens.get(handle.job_id, {}).values():
             popen.poll()
@@ -206,26 +238,39 @@ class LocalScheduler(SchedulerBackend):
         return not _alive(int(self._info(handle)["master_pid"]))
 
     def supervise(self, handle: JobHandle) -> None:
-        """Restart the master if it died before writing a result (it resumes from its
-        journal; agents reconnect to the same address). At most ``_MASTER_RESTARTS`` times."""
-        if self.result(handle) is not None or not self.master_exited(handle):
+        """Restart the master if it died before writing a result; it resumes from its journal,
+        on the same port or, if that is taken, on a free one that agents find in the address
+        file. At most ``_MASTER_RESTARTS`` times, the first after ``_MASTER_BACKOFF_S`` and
+        each next one after twice as long (call this periodically: it never sleeps)."""
+        if self.result(handle) is not None:
             return
         info = self._info(handle)
-        if info.get("master_restarts", 0) >= _MASTER_RESTARTS:
+        if not self.master_exited(handle):
+            addr = self._master_addr(handle, info)
+            if addr != info["master_addr"]:  # a restarted master listens elsewhere
+                self._write_info(handle, {"master_addr": addr})
+            return
+        restarts = info.get("master_restarts", 0)
+        if restarts >= _MASTER_RESTARTS:
+            return
+        now = time.time()
+        due = info.get("master_restart_due")
+        if due is None:  # just found dead
+            due = now + _MASTER_BACKOFF_S * 2 ** restarts
+            self._write_info(handle, {"master_restart_due": due})
+            get_logger().warning("master_died", job_id=handle.job_id, restart_in_s=round(due - now, 1),
+                                 restart=restarts + 1, of=_MASTER_RESTARTS)
+        if now < due:
             return
         spec_dict = next(p for p in info["processes"] if p["role"] == "master")
         popen = self._start(handle.job_id, ProcessSpec(**{**spec_dict, "argv": tuple(spec_dict["argv"])}))
-        info = self._info(handle)
-        info["master_pid"] = popen.pid
-        info["master_restarts"] = info.get("master_restarts", 0) + 1
-        tmp = Path(handle.log_dir) / "handle.json.tmp"
-        tmp.write_text(json.dumps(info, indent=2))
-        os.replace(tmp, Path(handle.log_dir) / "handle.json")
+        self._write_info(handle, {"master_pid": popen.pid, "master_restarts": restarts + 1,
+                                  "master_restart_due": None})
 
     def status(self, handle: JobHandle) -> JobStatus:
         info = self._info(handle)
         try:
-            s = httpx.get(f"http://{info['master_addr']}/v1/status", timeout=2.0).json()
+            s = httpx.get(f"http://{self._master_addr(handle, info)}/v1/status", timeout=2.0).json()
             return JobStatus(
                 state=JobState(s["state"]), step=s["step"], metrics=s["metrics"], nodes=s["nodes"],
                 max_nodes=s["max_nodes"], restarts=s["restarts"], round=s["round"], message=s["message"],
@@ -255,7 +300,7 @@ class LocalScheduler(SchedulerBackend):
         grace_s = 5.0
         if _alive(int(info["master_pid"])):
             try:
-                httpx.post(f"http://{info['master_addr']}/v1/cancel", json={"reason": "cancelled by the user"},
+                httpx.post(f"http://{self._master_addr(handle, info)}/v1/cancel", json={"reason": "cancelled by the user"},
                            timeout=2.0)
             except httpx.HTTPError:
                 pass
@@ -283,14 +328,13 @@ class LocalScheduler(SchedulerBackend):
             argv[argv.index("--node-id") + 1] = str(node_id)
             spec_dict = {**template, "name": f"node-{node_id}", "argv": argv,
                          "log_file": str(Path(template["log_file"]).with_name(f"node_{node_id}.log"))}
-        spec = ProcessSpec(**{**spec_dict, "argv": tuple(spec_dict["argv"])})
+        addr = self._master_addr(handle, info)  # the master's address now (a restart may have moved it)
+        argv = [addr if i and spec_dict["argv"][i - 1] == "--master-addr" else a for i, a in enumerate(spec_dict["argv"])]
+        spec = ProcessSpec(**{**spec_dict, "argv": tuple(argv), "env": {**spec_dict["env"], env.MASTER_ADDR: addr}})
         popen = self._start(handle.job_id, spec)
         # handle.json is shared with the runner (cancel reads it): rewrite it atomically
-        info = self._info(handle)
-        info.setdefault("relaunched", {})[f"node-{node_id}:{popen.pid}"] = popen.pid
-        tmp = Path(handle.log_dir) / "handle.json.tmp"
-        tmp.write_text(json.dumps(info, indent=2))
-        os.replace(tmp, Path(handle.log_dir) / "handle.json")
+        relaunched = {**self._info(handle).get("relaunched", {}), f"node-{node_id}:{popen.pid}": popen.pid}
+        self._write_info(handle, {"relaunched": relaunched})
 
     def result(self, handle: JobHandle) -> JobResult | None:
         path = Path(handle.log_dir) / "result.json"

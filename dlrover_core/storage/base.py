@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import os
 from collections.abc import Iterator
 from typing import BinaryIO, ClassVar
 
@@ -61,6 +62,13 @@ class CheckpointStorage(abc.ABC):
     def commit(self, step: int) -> None:
         """Mark ``step`` as the latest committed checkpoint (atomic replace of the marker)."""
         self.write_bytes(LATEST_MARKER, f"{int(step)}\n".encode())
+
+    def check_writable(self) -> None:
+        """Write and delete a small probe file, so that a storage the job cannot write is
+        refused before anything starts. Raises ``OSError`` naming the problem."""
+        probe = f".dlrover-write-probe-{os.getpid()}"
+        self.write_bytes(probe, b"probe")
+        self.delete(probe)
 
     def latest_step(self) -> int | None:
         """The last committed step, or ``None`` when nothing was ever committed."""

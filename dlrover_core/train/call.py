@@ -14,6 +14,9 @@ def main() -> int:
     if len(sys.argv) < 2 or ":" not in sys.argv[1]:
         print("usage: python -m dlrover_core.train.call pkg.module:function [ARGS...]", file=sys.stderr)
         return 2
+    from dlrover_core.train.progress import install_excepthook
+
+    install_excepthook()  # an exception at import of the module is recorded for the master too
     module_name, _, func_name = sys.argv[1].partition(":")
     sys.argv = sys.argv[1:]
     func = getattr(importlib.import_module(module_name), func_name)

@@ -19,6 +19,8 @@ import threading
 import time
 from typing import Any
 
+from dlrover_core.errors import CheckpointError
+
 __all__ = ["ProgressWriter", "get_writer", "install_excepthook", "report"]
 
 
@@ -45,9 +47,13 @@ class ProgressWriter:
         """Start timing the next step now (after a save, restore or initialisation)."""
         self._mark = time.monotonic()
 
+    #: the step a checkpoint restore went back to (``report`` of it or an earlier step is a replay)
+    restored_step: int | None = None
+
     def write(self, record: dict[str, Any]) -> None:
         if record.get("type") == "restore":
             self.last_step = int(record["step"])  # the step training goes on from
+            self.restored_step = int(record["step"])
         if self._file is None:
             return
         line = json.dumps(record, allow_nan=True, separators=(",", ":"))
@@ -55,9 +61,17 @@ class ProgressWriter:
             self._file.write(line + "\n")
 
     last_step = -1
+    #: steps this process reported (0: an exception now is raised before its first step)
+    steps_reported = 0
 
     def step(self, step: int, metrics: dict[str, Any]) -> float:
+        if self.restored_step is not None and int(step) <= self.restored_step:
+            raise CheckpointError(
+                f"train.report(step={step}) after Checkpointer.load() restored step {self.restored_step}: steps up "
+                f"to {self.restored_step} are already trained; resume the loop at restored.step + 1 (for step in "
+                "range(restored.step + 1, steps)), or these steps are trained and counted twice")
         self.last_step = int(step)
+        self.steps_reported += 1
         now = time.monotonic()
         dt = now - self._mark
         self._mark = now
@@ -88,16 +102,28 @@ def report(step: int, **metrics: Any) -> None:
 
     Raises:
         TypeError: a metric is not convertible to float.
+        CheckpointError: ``step`` is at or below the step a checkpoint restore went back to
+            (the loop ignored what ``Checkpointer.load()`` returned).
     """
     get_writer().step(step, metrics)
 
 
+_hook_installed = False
+
+
 def install_excepthook() -> None:
-    """Record an uncaught exception (type, message, traceback, and the last step reported or
-    restored) as a progress record before the process dies, so the master can tell a deterministic bug (the same
-    exception on every rank at the same step, twice) from a transient failure."""
+    """Record an uncaught exception (type, message, traceback, the last step reported or
+    restored, and whether this process had reported a step yet) as a progress record
+    before the process dies, so the master can tell a bug in the program (the same
+    exception on every rank before the first step, or at the same step twice) from a
+    transient failure. Installed once per process (later calls do nothing); warm workers
+    install it before the entrypoint runs, so an exception at import is recorded too."""
     import traceback
 
+    global _hook_installed
+    if _hook_installed:
+        return
+    _hook_installed = True
     previous = sys.excepthook
 
     def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
@@ -107,6 +133,7 @@ def install_excepthook() -> None:
                 "type": "exception", "exc_type": exc_type.__qualname__ if exc_type.__module__ == "builtins"
                 else f"{exc_type.__module__}.{exc_type.__qualname__}",
                 "message": str(exc)[:1000], "step": writer.last_step, "t": time.time(),
+                "before_first_step": writer.steps_reported == 0,
                 "traceback": "".join(traceback.format_exception(exc_type, exc, tb)[-40:]),
             })
         finally:

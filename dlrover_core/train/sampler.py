@@ -7,6 +7,16 @@ permutation and rank ``r`` takes every ``world_size``-th of them starting at ``r
 a checkpoint and loaded at another world size, training goes on from the same position: no
 sample of the epoch is skipped or seen twice (DLRover's ``ElasticDistributedSampler`` keeps
 a completed-sample count the same way).
+
+The end of an epoch is one ``None`` from :meth:`ElasticSampler.next_batch`, at the same step on
+every rank; the call after it starts the next epoch. A training loop therefore never waits on
+``None`` forever::
+
+    for step in range(start, steps):
+        ids = sampler.next_batch()
+        if ids is None:               # the epoch ended: the next call starts the next one
+            ids = sampler.next_batch()
+        ...                           # ids may be [] on some ranks in an epoch's last step
 """
 
 from __future__ import annotations
@@ -30,7 +40,8 @@ class ElasticSampler:
         rank, world_size: default: the worker's (``train.worker_info()``).
 
     Raises:
-        ValueError: a size is not a positive integer.
+        ValueError: a size is not a positive integer; or, with ``drop_last``, the dataset is
+            smaller than one step (``world_size * batch_size``), so every epoch would be empty.
     """
 
     def __init__(
@@ -54,12 +65,17 @@ class ElasticSampler:
             world_size = info.world_size if world_size is None else world_size
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+        if drop_last and dataset_size < world_size * batch_size:
+            raise ValueError(f"with drop_last=True every epoch is empty: dataset_size ({dataset_size}) is smaller than "
+                             f"one step, world_size ({world_size}) x batch_size ({batch_size}) = "
+                             f"{world_size * batch_size}; use drop_last=False or a smaller batch_size")
         self.dataset_size, self.batch_size = dataset_size, batch_size
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
         self.consumed = 0
         self._order: list[int] | None = None
+        self._epoch_ended = False  # next_batch returned this epoch's None: the next call moves on
 
     def _permutation(self) -> list[int]:
         if self._order is None:
@@ -74,27 +90,39 @@ class ElasticSampler:
 
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its beginning."""
-        self.epoch, self.consumed, self._order = epoch, 0, None
+        self.epoch, self.consumed, self._order, self._epoch_ended = epoch, 0, None, False
 
     def next_batch(self) -> list[int] | None:
-        """This rank's indices for the next step, or ``None`` at the end of the epoch (call
-        :meth:`set_epoch` or keep iterating to go on)."""
-        remaining = self.dataset_size - self.consumed
+        """This rank's indices for the next step, or ``None`` once at the end of the epoch.
+
+        ``None`` comes at the same step on every rank (the position is job-wide). The call
+        after it starts the next epoch (``epoch + 1``, reshuffled), so a loop that simply keeps
+        calling goes on; :meth:`set_epoch` starts a chosen epoch instead. A rank may get
+        ``[]`` in an epoch's last step when ``drop_last`` is false and fewer samples than
+        ranks remain: it still takes part in that step.
+        """
         step_size = self.world_size * self.batch_size
+        if self._epoch_ended:
+            self.set_epoch(self.epoch + 1)
+        remaining = self.dataset_size - self.consumed
         if remaining <= 0 or (self.drop_last and remaining < step_size):
+            self._epoch_ended = True
             return None
         window = self._permutation()[self.consumed : self.consumed + step_size]
         self.consumed += len(window)
         return window[self.rank :: self.world_size]
 
     def __iter__(self) -> Iterator[list[int]]:
-        """Batches of the current epoch, then moves to the next epoch."""
+        """Batches of the rest of the current epoch (of the next one, if the current one has
+        already ended); afterwards the sampler stands at the start of the epoch after them."""
         while (batch := self.next_batch()) is not None:
             yield batch
         self.set_epoch(self.epoch + 1)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed, "dataset_size": self.dataset_size}
+        """The job-wide position (the same on every rank), for a checkpoint."""
+        return {"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed, "dataset_size": self.dataset_size,
+                "epoch_ended": self._epoch_ended}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at a saved position, at any world size.
@@ -106,6 +134,7 @@ class ElasticSampler:
             raise ValueError(f"sampler state is for dataset_size={state['dataset_size']}, seed={state['seed']}; "
                              f"this sampler has dataset_size={self.dataset_size}, seed={self.seed}")
         self.epoch, self.consumed, self._order = int(state["epoch"]), int(state["consumed"]), None
+        self._epoch_ended = bool(state.get("epoch_ended", False))  # absent in states saved before it existed
 
 
 def accumulation_steps(global_batch_size: int, micro_batch_size: int, world_size: int | None = None) -> int:

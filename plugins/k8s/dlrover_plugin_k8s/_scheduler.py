@@ -42,6 +42,7 @@ from dlrover_core.schedulers.base import (
     SchedulerBackend,
 )
 from dlrover_core.spec import Job
+from dlrover_core.storage.posix import PosixStorage
 from dlrover_plugin_k8s._api import TRANSIENT_STATUSES, K8sApiError, KubeApi
 from dlrover_plugin_k8s._config import ENV, K8sConfig
 from dlrover_plugin_k8s._controller import RESULT_MARKER
@@ -129,7 +130,8 @@ class K8sScheduler(SchedulerBackend):
         """The job's manifests (``Plan.files``): ``manifests.yaml`` (everything ``kubectl
         apply -f`` needs), ``master-pod.yaml`` and ``worker-pod.yaml`` (the template the
         master's controller makes every worker pod from). Pure: reads the environment,
-        calls nothing."""
+        calls nothing. Refuses (:class:`~dlrover_core.errors.JobSpecError`) a checkpoint
+        directory the pods would not share (see :meth:`_check_checkpoint_shared`)."""
         self.check(job)
         if job.accelerator == "auto":
             raise JobSpecError("accelerator", "auto", "a named accelerator for scheduler 'k8s' (the pods' devices "
@@ -138,6 +140,7 @@ class K8sScheduler(SchedulerBackend):
             raise SchedulerError(f"no container image for the k8s scheduler: set {ENV['image']} to an image with "
                                  f"python, dlrover-core, dlrover-plugin-k8s and the job's code at "
                                  f"{self.config.workdir} ({ENV['workdir']})")
+        self._check_checkpoint_shared(job)
         accelerator = get_host().registries.accelerator.get(job.accelerator)()  # no probe: the devices are remote
         nproc = job.nodes.nproc_per_node
         if nproc == "auto" and getattr(accelerator, "k8s_resource", None):
@@ -153,6 +156,35 @@ class K8sScheduler(SchedulerBackend):
         }
         return Plan(scheduler=self.name, job_id=job_id, job=job, log_dir=str(Path(job.log_dir) / job_id),
                     files=files, workers=self._preview(job, job_id, accelerator, nproc, manifests.master_pod))
+
+    def _check_checkpoint_shared(self, job: Job) -> None:
+        """Refuse a checkpoint directory that the pods would not share.
+
+        A filesystem storage (``posix``, or one extending it) writes ``Checkpoint.dir`` inside
+        each pod; without :attr:`K8sConfig.checkpoint_pvc` mounted there, that is the pod's own
+        disk: every rank persists to a different disk, the master's commit marker lies on yet
+        another, and a relaunched pod starts with an empty one, so the job could never restore
+        from storage. Other storages name a location every pod reaches (a URL). A job that
+        keeps no checkpoints (``memory_every_steps=0`` and ``persist_every_steps=0``) needs none.
+
+        Raises:
+            JobSpecError: ``checkpoint.dir`` would be on each pod's own disk; says what to set.
+        """
+        ckpt = job.checkpoint
+        if self.config.checkpoint_pvc or (ckpt.memory_every_steps == 0 and ckpt.persist_every_steps == 0):
+            return
+        storage = get_host().registries.storage.get(ckpt.storage)
+        if not (isinstance(storage, type) and issubclass(storage, PosixStorage)):
+            return
+        raise JobSpecError(
+            "checkpoint.dir", ckpt.dir,
+            f"a directory every pod shares: with scheduler 'k8s' and storage {ckpt.storage!r} it would be on each "
+            f"pod's own disk, so the ranks persist to different disks and a relaunched pod has nothing to restore "
+            f"from. Set {ENV['checkpoint_pvc']}=<claim> (or K8sConfig(checkpoint_pvc=...)) to a ReadWriteMany "
+            f"PersistentVolumeClaim, mounted at the checkpoint directory in every pod; or use a checkpoint storage "
+            f"every pod reaches (Checkpoint(storage=..., dir=<its URL>)); or, for a job that keeps no checkpoints, "
+            f"Checkpoint(memory_every_steps=0, persist_every_steps=0)",
+        )
 
     def _preview(self, job: Job, job_id: str, accelerator: Any, nproc: int | str, master_pod: dict) -> tuple:
         """The first round's workers, as the agents will start them inside their pods."""

@@ -27,7 +27,7 @@ def cluster(tmp_path) -> Iterator[Any]:
 def config(cluster) -> K8sConfig:
     from k8s_emulator import IMAGE, NAMESPACE
 
-    return K8sConfig(image=IMAGE, namespace=NAMESPACE, kubeconfig=str(cluster.kubeconfig))
+    return K8sConfig(image=IMAGE, namespace=NAMESPACE, kubeconfig=str(cluster.kubeconfig), checkpoint_pvc="ckpt")
 
 
 @pytest.fixture

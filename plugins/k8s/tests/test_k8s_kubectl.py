@@ -31,7 +31,8 @@ def test_rendered_manifests_apply_with_kubectl_and_run(cluster, api, tmp_path, m
         "from dlrover_core import Job\n"
         f"job = Job(name='tiny', entrypoint='tests/scripts/tiny_train.py', nodes=2, accelerator='cpu', "
         f"workdir={str(ROOT)!r})\n")
-    env = {"DLROVER_K8S_IMAGE": IMAGE, "DLROVER_K8S_NAMESPACE": NAMESPACE, "PATH": "/usr/bin:/bin"}
+    env = {"DLROVER_K8S_IMAGE": IMAGE, "DLROVER_K8S_NAMESPACE": NAMESPACE, "DLROVER_K8S_CHECKPOINT_PVC": "ckpt",
+           "PATH": "/usr/bin:/bin"}
     out = tmp_path / "k8s"
     render = subprocess.run([sys.executable, "-m", "dlrover_plugin_k8s", str(job_file), "--out", str(out)],
                             env=env, capture_output=True, text=True, timeout=60)

@@ -208,8 +208,10 @@ def test_a_job_survives_a_killed_worker_pod(cluster, api, tmp_path):
     killed mid-run, the controller classifies and relaunches it, the job restarts and
     finishes SUCCEEDED; the result comes back from the cluster and nothing is left."""
     port = _free_port()
+    # every "pod" runs on this machine, so the checkpoint directory is shared; the claim only
+    # satisfies dryrun (the stand-in kubelet mounts no volumes)
     config = K8sConfig(image="local", namespace=NAMESPACE, workdir=str(ROOT), log_root=str(tmp_path / "podlogs"),
-                       master_port=port, kubeconfig=str(cluster.kubeconfig))
+                       master_port=port, kubeconfig=str(cluster.kubeconfig), checkpoint_pvc="ckpt")
     backend = K8sScheduler(config, api=api, cancel_wait_s=10.0)
     job = Job(name="tiny", entrypoint="tests/scripts/tiny_train.py", args=["--steps", "40", "--step-sleep", "0.15"],
               nodes=2, accelerator="cpu", scheduler="k8s", workdir=str(ROOT), log_dir=str(tmp_path / "runs"),

@@ -27,6 +27,8 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 #: The Kubernetes version whose OpenAPI schema every manifest is checked against.
 K8S_VERSION = "1.30.0"
 IMAGE = "registry.example.com/dlrover:0.1"
+#: The ReadWriteMany claim the tests' jobs checkpoint to (every pod must share the directory).
+PVC = "ckpt"
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -98,7 +100,7 @@ def _validate(doc: dict) -> None:
 def test_cpu_job_manifests_match_the_schema_and_golden_files(tmp_path):
     """Every object of manifests.yaml, the master pod and the worker template validate
     against the Kubernetes 1.30 schema (strict: no unknown field) and equal the golden files."""
-    plan = K8sScheduler(K8sConfig(image=IMAGE, namespace="ml")).dryrun(_job(tmp_path))
+    plan = K8sScheduler(K8sConfig(image=IMAGE, namespace="ml", checkpoint_pvc=PVC)).dryrun(_job(tmp_path))
     assert set(plan.files) == {"manifests.yaml", "master-pod.yaml", "worker-pod.yaml"}
     docs = _docs(plan.files["manifests.yaml"])
     assert [d["kind"] for d in docs] == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Service", "Pod"]
@@ -147,7 +149,7 @@ def test_master_pod_runs_the_master_with_rbac_to_manage_its_pods(tmp_path):
     """The master pod runs ``python -m dlrover_core.master`` (store on its pod IP) beside the
     controller, under a ServiceAccount whose Role may create, list and delete pods of its
     namespace only; the Service selects the master pod; workers reach it by DNS."""
-    plan = K8sScheduler(K8sConfig(image=IMAGE, namespace="ml")).dryrun(_job(tmp_path))
+    plan = K8sScheduler(K8sConfig(image=IMAGE, namespace="ml", checkpoint_pvc=PVC)).dryrun(_job(tmp_path))
     sa, role, binding, cm, svc, master = _docs(plan.files["manifests.yaml"])
     assert sa["metadata"]["name"] == master["spec"]["serviceAccountName"] == binding["subjects"][0]["name"]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}
@@ -174,7 +176,7 @@ def test_master_pod_runs_the_master_with_rbac_to_manage_its_pods(tmp_path):
 def test_worker_pod_for_a_node_and_attempt_validates(tmp_path):
     """The pod of node 3's second relaunch: renamed, relabelled, --node-id set, owned by
     the master pod."""
-    plan = K8sScheduler(K8sConfig(image=IMAGE, namespace="ml")).dryrun(_job(tmp_path))
+    plan = K8sScheduler(K8sConfig(image=IMAGE, namespace="ml", checkpoint_pvc=PVC)).dryrun(_job(tmp_path))
     template = _docs(plan.files["worker-pod.yaml"])[0]
     pod = worker_pod(template, node_id=3, attempt=2, owner={"name": "m", "uid": "1234"},
                      annotations={"dlrover/relaunch-kind": "evicted"})
@@ -189,7 +191,7 @@ def test_worker_pod_for_a_node_and_attempt_validates(tmp_path):
 
 
 def test_service_name_is_a_dns_label_when_the_job_name_starts_with_a_digit(tmp_path):
-    plan = K8sScheduler(K8sConfig(image=IMAGE)).dryrun(
+    plan = K8sScheduler(K8sConfig(image=IMAGE, checkpoint_pvc=PVC)).dryrun(
         Job(name="7b-llm", entrypoint="tests/scripts/tiny_train.py", scheduler="k8s", accelerator="cpu",
             workdir=str(ROOT), log_dir=str(tmp_path)))
     svc = _docs(plan.files["manifests.yaml"])[4]
@@ -202,7 +204,7 @@ def test_service_name_is_a_dns_label_when_the_job_name_starts_with_a_digit(tmp_p
 
 def test_dryrun_is_pure(tmp_path):
     """dryrun builds no API client and writes nothing."""
-    backend = K8sScheduler(K8sConfig(image=IMAGE, kubeconfig=str(tmp_path / "missing")))
+    backend = K8sScheduler(K8sConfig(image=IMAGE, kubeconfig=str(tmp_path / "missing"), checkpoint_pvc=PVC))
     plan = backend.dryrun(_job(tmp_path))
     assert backend._api is None
     assert not (tmp_path / "runs").exists()
@@ -216,7 +218,7 @@ def test_dryrun_refuses_what_it_cannot_render(tmp_path, testgpu):
     with pytest.raises(JobSpecError, match="accelerator"):
         K8sScheduler(K8sConfig(image=IMAGE)).dryrun(_job(tmp_path, accelerator="auto"))
     with pytest.raises(JobSpecError, match="nproc_per_node"):
-        K8sScheduler(K8sConfig(image=IMAGE)).dryrun(
+        K8sScheduler(K8sConfig(image=IMAGE, checkpoint_pvc=PVC)).dryrun(
             _job(tmp_path, accelerator="testgpu", nodes=Nodes(min=1, nproc_per_node="auto")))
 
 

@@ -7,6 +7,9 @@ Environment:
     DLROVER_K8S_TEST_IMAGE: an image with python, torch (CPU), dlrover-core,
         dlrover-plugin-k8s and this repository at ``/workspace`` (or DLROVER_K8S_TEST_WORKDIR);
         without it only the server-side dry run runs.
+    DLROVER_K8S_TEST_CHECKPOINT_PVC: a ReadWriteMany PersistentVolumeClaim of that namespace for
+        the job's checkpoints; without it the job runs without checkpoints (the k8s backend
+        refuses a checkpoint directory that the pods do not share).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import pytest
 import yaml
 
 from dlrover_core.schedulers.base import JobState
-from dlrover_core.spec import Job
+from dlrover_core.spec import Checkpoint, Job
 from dlrover_plugin_k8s import K8sConfig, K8sScheduler, worker_pod
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -26,6 +29,7 @@ KUBECONFIG = os.environ.get("DLROVER_K8S_TEST_KUBECONFIG", "")
 NAMESPACE = os.environ.get("DLROVER_K8S_TEST_NAMESPACE", "default")
 IMAGE = os.environ.get("DLROVER_K8S_TEST_IMAGE", "")
 WORKDIR = os.environ.get("DLROVER_K8S_TEST_WORKDIR", "/workspace")
+PVC = os.environ.get("DLROVER_K8S_TEST_CHECKPOINT_PVC", "")
 
 pytestmark = pytest.mark.skipif(not KUBECONFIG, reason="no real Kubernetes cluster: set DLROVER_K8S_TEST_KUBECONFIG "
                                                        "to a kubeconfig to run these tests")
@@ -33,10 +37,12 @@ pytestmark = pytest.mark.skipif(not KUBECONFIG, reason="no real Kubernetes clust
 
 def _backend(image: str) -> K8sScheduler:
     return K8sScheduler(K8sConfig(image=image, namespace=NAMESPACE, workdir=WORKDIR, kubeconfig=KUBECONFIG,
-                                  cpu_request="500m", memory_request="1Gi"))
+                                  cpu_request="500m", memory_request="1Gi", checkpoint_pvc=PVC or None))
 
 
 def _job(tmp_path, **kw) -> Job:
+    if not PVC:  # nowhere shared to persist to: keep no checkpoints
+        kw.setdefault("checkpoint", Checkpoint(memory_every_steps=0, persist_every_steps=0))
     return Job(name="dlrover-k8s-test", entrypoint="tests/scripts/tiny_train.py", accelerator="cpu", scheduler="k8s",
                workdir=str(ROOT), log_dir=str(tmp_path / "runs"), **kw)
 

@@ -51,7 +51,7 @@ from dlrover_core.schedulers.base import (
 from dlrover_core.schedulers.logtail import tail_logs
 from dlrover_core.spec import Job
 from dlrover_plugin_slurm._commands import SlurmCli, SlurmJob, slurm_env
-from dlrover_plugin_slurm._script import agent_argv, render_sbatch
+from dlrover_plugin_slurm._script import node_task_argv, render_sbatch
 
 __all__ = ["SlurmScheduler"]
 
@@ -314,8 +314,9 @@ class SlurmScheduler(SchedulerBackend):
             job = self._wait_over(handle, CANCEL_WAIT_S)
             if job is not None and not job.state.is_terminal and job.state != JobState.UNKNOWN:
                 raise SchedulerError(f"Slurm job {native} is still {job.raw_state} {CANCEL_WAIT_S:g} s after scancel")
-        # agents remove their node's segments when they exit; this catches a SIGKILLed one
-        # that ran on this machine
+        # agents remove their node's segments when they exit, and each node's srun task
+        # (node_task) those of an agent that could not; this catches what a task SIGKILLed
+        # by Slurm left on this machine
         remove_segments(f"dlrover-{handle.job_id}-")
         if job is not None and job.state == JobState.CANCELLED and not (Path(handle.log_dir) / "result.json").exists():
             self._write_cancelled(handle, job)
@@ -417,7 +418,7 @@ class SlurmScheduler(SchedulerBackend):
                 f"--nodelist={target}", *([f"--exclude={exclude}"] if exclude else []), f"--job-name={step_name}",
                 f"--chdir={workdir}",
                 f"--output={log_dir / f'node_{node_id}.log'}", "--open-mode=append",
-                *agent_argv(python, handle.job_id, str(node_id), master_addr, str(log_dir))]
+                *node_task_argv(python, handle.job_id, str(node_id), master_addr, str(log_dir))]
         variables = {**slurm_env(), **info.get("env", {}), env.MASTER_ADDR: master_addr}
         before = {step for step, _, _ in self._cli.steps(native)}
         with open(log_dir / "slurm" / f"relaunch_node_{node_id}.log", "ab") as out:

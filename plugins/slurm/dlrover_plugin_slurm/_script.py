@@ -9,7 +9,9 @@ One batch job per dlrover job. The script runs on the first node of the allocati
    ``MASTER_RESTARTS`` times if it dies without a result (it resumes from its journal);
 3. starts one elastic agent per node with ``srun --ntasks-per-node=1`` (``python -m
    dlrover_core.agent``, node id = ``SLURM_NODEID``); the master relaunches a lost node's agent
-   as a new ``srun`` step (``SlurmScheduler.relaunch_node``);
+   as a new ``srun`` step (``SlurmScheduler.relaunch_node``). Each srun task is
+   :mod:`dlrover_plugin_slurm.node_task`, which runs the agent and, if a signal (SIGKILL, the
+   OOM killer) ended it, removes the shared-memory segments it left on that node;
 4. on Slurm's warning signal (``--signal=B:USR1@WARN_S``: the time limit is near) requeues the
    job; every process then gets SIGTERM, and each agent saves its newest in-memory snapshots
    at the breakpoint before it exits;
@@ -26,7 +28,7 @@ from dlrover_core import env
 from dlrover_core.errors import JobSpecError
 from dlrover_core.spec import Job
 
-__all__ = ["MASTER_RESTARTS", "WARN_S", "agent_argv", "render_sbatch"]
+__all__ = ["MASTER_RESTARTS", "WARN_S", "agent_argv", "node_task_argv", "render_sbatch"]
 
 #: Seconds before the time limit at which Slurm sends the warning signal (sbatch --signal).
 #: Slurm may send it up to 60 s earlier than asked (sbatch(1), --signal).
@@ -47,6 +49,13 @@ _PORT, _HOST, _NODE_ID, _ADDR = '"$MASTER_PORT"', '"$MASTER_HOST"', '"$SLURM_NOD
 def agent_argv(python: str, job_id: str, node_id: str, master_addr: str, log_dir: str) -> list[str]:
     """The agent's command line (the same as the local scheduler's)."""
     return [python, "-m", "dlrover_core.agent", "--job-id", job_id, "--node-id", node_id,
+            "--master-addr", master_addr, "--log-dir", log_dir]
+
+
+def node_task_argv(python: str, job_id: str, node_id: str, master_addr: str, log_dir: str) -> list[str]:
+    """The srun task of a node: :mod:`dlrover_plugin_slurm.node_task`, which runs the agent
+    (:func:`agent_argv`) and removes the node's shared memory when the agent has ended."""
+    return [python, "-m", "dlrover_plugin_slurm.node_task", "--job-id", job_id, "--node-id", node_id,
             "--master-addr", master_addr, "--log-dir", log_dir]
 
 
@@ -113,7 +122,7 @@ def render_sbatch(
         lines.append(f"export {key}={q((extra_env or {})[key])}")
     master_argv = [python, "-m", "dlrover_core.master", "--job-id", job_id, "--host", "0.0.0.0",
                    "--port", _PORT, "--store-host", _HOST, "--log-dir", log_dir]
-    agent = agent_argv(python, job_id, _NODE_ID, _ADDR, log_dir)
+    agent = node_task_argv(python, job_id, _NODE_ID, _ADDR, log_dir)
     agent_cmd = "exec " + _join(agent, raw=(_NODE_ID, _ADDR))
     srun_nodes = '"$SLURM_JOB_NUM_NODES"' if elastic else str(nodes.max)
     lines += [
@@ -154,7 +163,8 @@ def render_sbatch(
         "    sleep 0.2; waited=$((waited + 1))",
         "done",
         "",
-        "# One agent per node; the node id is the node's index in the allocation.",
+        "# One agent per node; the node id is the node's index in the allocation. The task runs the",
+        "# agent, and removes the node's shared memory if a signal (SIGKILL, OOM) ended the agent.",
         f"srun --nodes={srun_nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 --job-name=dlrover-agents \\",
         '    --output="$LOG_DIR/node_%n.log" --open-mode=append \\',
         f"    bash -c {q(agent_cmd)} &",

@@ -187,7 +187,7 @@ def test_a_crash_mid_save_never_leaves_a_checkpoint_that_loads(tmp_path, where):
     assert storage.latest_step() == 1
     step2 = [p for p in storage.list() if p.startswith("step_0000000002/")]
     if where == "before-commit":
-        assert step2 == ["step_0000000002/checkpoint.json", "step_0000000002/rank_00000.safetensors"]
+        assert step2 == ["step_0000000002/checkpoint.json", "step_0000000002/rank_00000-round0.safetensors"]
     else:
         assert step2 == []  # the torn shard stays under its hidden staging name
         assert any(p.name.endswith(".staging") for p in (tmp_path / "ck" / "step_0000000002").iterdir())

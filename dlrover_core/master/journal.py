@@ -1,0 +1,190 @@
+"""The job master's journal: what a restarted master needs to go on where the dead one stopped.
+
+Two files in the run's log directory:
+
+* ``master_journal.json`` — a full snapshot of the master (:meth:`JobMaster.snapshot`),
+  written atomically (temp file, fsync, rename) *before* every decision the job must
+  survive takes effect: a round formed (with its store's port), a restart ordered, a node
+  relaunched or excluded, a step committed, the job finished. The answer that carries a
+  decision to an agent, and a relaunch through the scheduler, only happen after the write.
+  The master also writes one every half second for soft state (progress, metrics, goodput).
+* ``master_journal.log`` — one JSON line per change of a single node since that snapshot
+  (registered with its pid, told its place in a round, succeeded, exited). A line costs one
+  ``write``; a snapshot of 10,000 nodes costs tens of milliseconds, too much for each of
+  10,000 agents. Lines are flushed to the kernel, so they survive the master's process
+  (a machine crash can lose the newest ones; snapshots are fsynced).
+
+Journal points (the names the test hook takes): snapshots at ``round_formed``,
+``restart_decided``, ``membership_changed``, ``step_committed``, ``job_finished`` and
+``master_recovered``; lines at ``node_placed`` (told its place in a round),
+``node_succeeded``, ``node_lost``, ``node_excluded`` and ``relaunch_issued``.
+
+Every snapshot carries ``version`` (increasing: an older snapshot never replaces a newer one,
+whatever the order the threads that took them write in) and ``seq``, the last log line it
+already includes; :meth:`Journal.load` returns the snapshot and the lines after it.
+
+Test hook: ``DLROVER_TEST_CRASH_AT=<point>:<n>`` makes the master exit at once
+(``os._exit``, as a SIGKILL would) right after the ``n``-th journal write for ``point``
+(e.g. ``round_formed:2``); it fires once per log directory (a marker file records it), so
+the restarted master does not crash again. It exists for fault-injection tests only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from dlrover_core.errors import DLRoverError
+from dlrover_core.logging import get_logger
+
+__all__ = ["CRASH_AT_ENV", "Journal", "write_atomic"]
+
+log = get_logger()
+
+#: The fault-injection test hook's variable (see the module docstring).
+CRASH_AT_ENV = "DLROVER_TEST_CRASH_AT"
+#: Exit code of a master that crashed on purpose (the test hook).
+CRASH_EXIT_CODE = 75
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text``: write a temp file, fsync it, rename it over ``path``."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _parse_crash_at(value: str | None) -> tuple[str, int] | None:
+    if not value:
+        return None
+    point, _, count = value.partition(":")
+    try:
+        n = int(count or "1")
+    except ValueError:
+        n = 0
+    if not point or n < 1:
+        raise DLRoverError(f"{CRASH_AT_ENV}={value!r} is not <journal point>:<n> (e.g. round_formed:2); "
+                           "it is a fault-injection hook for tests: unset it")
+    return point, n
+
+
+class Journal:
+    """Writes and reads a master's journal. Thread-safe (its own lock, taken after the
+    master's lock when both are held).
+
+    Args:
+        path: the snapshot file (``master_journal.json``); the log is ``master_journal.log``
+            beside it.
+        crash_at: the test hook's ``point:n`` (default: ``$DLROVER_TEST_CRASH_AT``).
+    """
+
+    def __init__(self, path: Path, *, crash_at: str | None = None) -> None:
+        self.path = Path(path)
+        self.log_path = self.path.with_suffix(".log")
+        self._lock = threading.Lock()
+        self._version = -1
+        self._last_body = ""
+        self._lines: list[tuple[int, str]] = []  # (seq, line) appended since the last snapshot
+        self._log = None
+        self._crash = _parse_crash_at(crash_at if crash_at is not None else os.environ.get(CRASH_AT_ENV))
+        self._counts: dict[str, int] = {}
+
+    # ----- reading -----------------------------------------------------------------------
+
+    def exists(self) -> bool:
+        """Whether a journal was left by a master of this run."""
+        return self.path.exists()
+
+    def load(self) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        """The newest snapshot (``None``: none) and the log entries written after it, in order.
+        A torn last line (the master died while writing it) is skipped."""
+        snapshot = json.loads(self.path.read_text()) if self.path.exists() else None
+        after = int(snapshot.get("seq", 0)) if snapshot else 0
+        entries = []
+        try:
+            text = self.log_path.read_text()
+        except FileNotFoundError:
+            text = ""
+        for line in text.splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if int(entry.get("seq", 0)) > after:
+                entries.append(entry)
+        entries.sort(key=lambda e: int(e["seq"]))
+        if snapshot is not None:
+            self._version = int(snapshot.get("version", -1))
+        self._lines = [(int(e["seq"]), json.dumps(e, separators=(",", ":"))) for e in entries]
+        return snapshot, entries
+
+    # ----- writing -----------------------------------------------------------------------
+
+    def write(self, snapshot: dict[str, Any], points: Iterable[str] = (), *, skip_unchanged: bool = False) -> bool:
+        """Write ``snapshot`` (from :meth:`JobMaster.snapshot`) unless a newer one was written
+        (or, with ``skip_unchanged``, unless nothing but its version changed since the last
+        one); drop the log lines it includes. Returns whether it was written. Then fires the
+        test hook for ``points``."""
+        body = dict(snapshot)
+        version, seq = int(body.pop("version")), int(snapshot["seq"])
+        text = json.dumps(body, separators=(",", ":"))
+        with self._lock:
+            written = version > self._version and not (skip_unchanged and text == self._last_body)
+            if written:
+                write_atomic(self.path, f'{text[:-1]},"version":{version}}}')
+                self._version, self._last_body = version, text
+                keep = [(s, line) for s, line in self._lines if s > seq]
+                if len(keep) != len(self._lines):
+                    self._rewrite_log(keep)
+        for point in points:
+            self._maybe_crash(point)
+        return written
+
+    def append(self, entry: dict[str, Any], point: str | None = None) -> None:
+        """Append one change (a dict with an increasing ``seq``) to the log."""
+        line = json.dumps(entry, separators=(",", ":"))
+        with self._lock:
+            if self._log is None:
+                self._log = open(self.log_path, "a", buffering=1)
+            self._log.write(line + "\n")  # line-buffered: one write(2), in the kernel when this returns
+            self._lines.append((int(entry["seq"]), line))
+        if point is not None:
+            self._maybe_crash(point)
+
+    def _rewrite_log(self, keep: list[tuple[int, str]]) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        write_atomic(self.log_path, "".join(line + "\n" for _, line in keep))
+        self._lines = keep
+
+    def remove(self) -> None:
+        """Delete the journal (the job is over and its result written)."""
+        with self._lock:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+            for p in (self.path, self.log_path):
+                p.unlink(missing_ok=True)
+
+    # ----- the test hook ---------------------------------------------------------------------
+
+    def _maybe_crash(self, point: str) -> None:
+        if self._crash is None or self._crash[0] != point:
+            return
+        self._counts[point] = n = self._counts.get(point, 0) + 1
+        if n != self._crash[1]:
+            return
+        marker = self.path.with_name(f"test_crash_{point}_{n}.fired")
+        if marker.exists():  # the master already crashed here once: this is its successor
+            return
+        marker.write_text(str(os.getpid()))
+        log.warning("master_test_crash", point=point, n=n, hook=CRASH_AT_ENV)
+        os._exit(CRASH_EXIT_CODE)

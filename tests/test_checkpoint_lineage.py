@@ -1,0 +1,150 @@
+"""Incarnations and lineage in one process: a commit never mixes incarnations; a restore
+abandons what is newer; a rank hosted again after a scale change is persisted (issue 11)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from dlrover_core.checkpoint.layout import build_layout
+from dlrover_core.checkpoint.memory import MemorySnapshots
+from dlrover_core.checkpoint.saver import CheckpointSaver, shard_path
+from dlrover_core.checkpoint.shm import remove_segments
+from dlrover_core.master.checkpoints import CheckpointCoordinator
+from dlrover_core.storage.posix import PosixStorage
+
+
+@pytest.fixture
+def job_id(request):
+    jid = f"lin{os.getpid()}{abs(hash(request.node.name)) % 10**6}"
+    yield jid
+    remove_segments(f"dlrover-{jid}-")
+
+
+def layout(step: int, value: float, rank: int = 0, world: int = 1):
+    return build_layout({"state": {"w": torch.full((64,), value)}}, step=step, rank=rank, world_size=world)
+
+
+def coordinator(tmp_path):
+    return CheckpointCoordinator(PosixStorage(str(tmp_path)), keep_last=10, event=lambda *a, **k: None)
+
+
+def test_shards_of_two_incarnations_never_make_a_commit(tmp_path):
+    """Rank 0 persisted step 30 in round 0; round 1 went back to step 20 and trained 30
+    again: rank 1's round-1 shard does not complete round 0's, rank 0's late round-0 shard
+    is refused as stale, and the commit of 30 names round 1's files only."""
+    c = coordinator(tmp_path)
+    assert c.shard_done(step=30, rank=0, world_size=2, round_index=0, info={"file": "a"}) == {"committed": None}
+    c.restore_plan(round_index=1, rank=0, world_size=2, memory=[[20, 0]])
+    assert c.restore_plan(round_index=1, rank=1, world_size=2, memory=[[20, 0]])["step"] == 20
+    assert c.pending_shards() == []  # round 0's step-30 shard was discarded by the restore
+    assert c.shard_done(step=30, rank=1, world_size=2, round_index=1, info={"file": "r1", "round": 1}) == {
+        "committed": None}
+    late = c.shard_done(step=30, rank=0, world_size=2, round_index=0, info={"file": "r0-late"})
+    assert late["stale"] and "round 1 went back to step 20" in late["reason"]
+    assert c.latest is None
+    c.shard_done(step=30, rank=0, world_size=2, round_index=1, info={"file": "r0", "round": 1})
+    assert c.latest == 30
+    meta = json.loads((tmp_path / "step_0000000030" / "checkpoint.json").read_text())
+    assert meta["round"] == 1 and {s["file"] for s in meta["shards"].values()} == {"r0", "r1"}
+
+
+def test_a_restore_never_picks_snapshots_of_an_abandoned_lineage(tmp_path):
+    """Rank 0 still holds step 12 from round 0 (it died before round 1 restored, so nobody
+    abandoned it); round 1 went back to 10 and rank 1 trained 12 again. In round 2 the
+    two step-12 snapshots are of different lineages: memory restores the newest common
+    step of the current lineage, 11 (round 1)."""
+    c = coordinator(tmp_path)
+    for r in (0, 1):
+        c.restore_plan(round_index=1, rank=r, world_size=2, memory=[[10, 0]])
+    held = {0: [[11, 1], [12, 0]], 1: [[11, 1], [12, 1]]}
+    answers = [c.restore_plan(round_index=2, rank=r, world_size=2, memory=m) for r, m in held.items()]
+    assert (answers[1]["source"], answers[1]["step"], answers[1]["snapshot_round"]) == ("memory", 11, 1)
+
+
+def test_a_damaged_storage_step_makes_every_rank_fall_back(tmp_path):
+    """Verification: one rank's shard of the newest commit is damaged; every rank is told
+    to check the previous commit next, and all load it."""
+    storage = PosixStorage(str(tmp_path))
+    c = coordinator(tmp_path)
+    for step in (10, 20):
+        for r in (0, 1):
+            storage.write_bytes(shard_path(step, r, 0), b"x")
+            c.shard_done(step=step, rank=r, world_size=2, round_index=0, info={"file": f"rank_0000{r}-round0.safetensors"})
+    plan = [c.restore_plan(round_index=1, rank=r, world_size=2, memory=[]) for r in (0, 1)][1]
+    assert (plan["source"], plan["step"]) == ("storage", 20)
+    assert c.verify(round_index=1, rank=0, world_size=2, step=20, ok=True) == {"state": "waiting"}
+    answer = c.verify(round_index=1, rank=1, world_size=2, step=20, ok=False, error="torn file")
+    assert answer["state"] == "retry" and answer["step"] == 10 and "rank 1" in answer["reason"]
+    assert c.verify(round_index=1, rank=0, world_size=2, step=20, ok=True)["step"] == 10  # a late rank learns too
+    c.verify(round_index=1, rank=0, world_size=2, step=10, ok=True)
+    assert c.verify(round_index=1, rank=1, world_size=2, step=10, ok=True) == {"state": "ok", "step": 10}
+    assert c.damaged == {20: "rank 1's shard: torn file"}
+    # the next restore skips the damaged step at once
+    plan = [c.restore_plan(round_index=2, rank=r, world_size=2, memory=[]) for r in (0, 1)][1]
+    assert (plan["source"], plan["step"]) == ("storage", 10)
+
+
+def test_the_same_steps_rule(tmp_path):
+    """A rank that goes past a step another rank saved for storage, without saving it,
+    breaks the rule; a rank that is merely behind does not."""
+    c = coordinator(tmp_path)
+    c.note_saves(0, 0, [5])
+    c.note_progress(0, 1, 5)
+    assert c.misuse(0) is None  # rank 1 reported step 5 and will save it next
+    c.note_progress(0, 1, 6)
+    assert "rank(s) [1] went past step 5" in c.misuse(0)
+    assert c.misuse(1) is None
+
+
+def test_a_rank_hosted_again_after_a_scale_change_is_persisted(job_id, tmp_path):
+    """The node hosts rank 1, then not (scale down: its segments go), then again (scale
+    up: new segments, a new sequence): its new snapshots are persisted, nothing of the old
+    slots skips them."""
+    saver = CheckpointSaver(job_id=job_id, node_id=0, storage=PosixStorage(str(tmp_path)),
+                            report=lambda e, b: {"committed": None})
+    try:
+        saver.set_ranks([0, 1])
+        first = MemorySnapshots(job_id=job_id, node_id=0, rank=1, round_index=0)
+        for step in range(1, 6):
+            first.save(layout(step, 1.0, rank=1, world=2), step=step, world_size=2, persist=True)
+            assert saver.persist_due() == 1
+        first.close()
+        saver.set_ranks([0])  # scale down: rank 1 lives elsewhere now
+        saver.set_ranks([0, 1])  # scale up: rank 1 is back here, with a fresh worker
+        again = MemorySnapshots(job_id=job_id, node_id=0, rank=1, round_index=2)
+        again.save(layout(7, 2.0, rank=1, world=2), step=7, world_size=2, persist=True)
+        assert saver.persist_due() == 1
+        assert (tmp_path / shard_path(7, 1, 2)).exists()
+        again.close()
+    finally:
+        saver.stop(timeout_s=5)
+
+
+def test_the_saver_notices_a_segment_recreated_under_the_same_name(job_id, tmp_path):
+    """The saver holds a rank's slot open; the segment is removed and made anew under the
+    same name (another owner): the saver drops the file it held and persists what the new
+    one holds, never the old file's snapshot."""
+    from dlrover_core.checkpoint.shm import SHM_DIR, segment_name
+
+    saver = CheckpointSaver(job_id=job_id, node_id=0, storage=PosixStorage(str(tmp_path)),
+                            report=lambda e, b: {"committed": None})
+    try:
+        saver.set_ranks([0])
+        old = MemorySnapshots(job_id=job_id, node_id=0, rank=0, round_index=0)
+        old.save(layout(3, 1.0), step=3, world_size=1, persist=False)
+        assert saver.persist_due() == 0  # the saver has opened the slots now
+        old.save(layout(4, 1.0), step=4, world_size=1, persist=True)
+        for index in range(2):
+            (SHM_DIR / segment_name(job_id, 0, 0, index)).unlink()
+        new = MemorySnapshots(job_id=job_id, node_id=0, rank=0, round_index=5)
+        new.save(layout(9, 2.0), step=9, world_size=1, persist=True)
+        assert saver.persist_due() == 1
+        assert (tmp_path / shard_path(9, 0, 5)).exists() and not (tmp_path / shard_path(4, 0, 0)).exists()
+        old.close()
+        new.close()
+    finally:
+        saver.stop(timeout_s=5)

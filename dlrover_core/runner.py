@@ -11,6 +11,7 @@ from rich.live import Live
 from rich.text import Text
 
 from dlrover_core.errors import SchedulerError
+from dlrover_core.fileio import write_atomic
 from dlrover_core.logging import get_logger
 from dlrover_core.plugins import get_host
 from dlrover_core.result import JobResult
@@ -84,15 +85,12 @@ HANDLE_FILE = "job.json"
 def save_handle(handle: JobHandle) -> None:
     """Write ``handle`` to ``<log_dir>/job.json`` (atomically), for ``dlrover status|logs|cancel``."""
     import json
-    import os
     from pathlib import Path
 
     path = Path(handle.log_dir) / HANDLE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"scheduler": handle.scheduler, "job_id": handle.job_id, "log_dir": handle.log_dir,
-                               "native_id": handle.native_id}, indent=2))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps({"scheduler": handle.scheduler, "job_id": handle.job_id, "log_dir": handle.log_dir,
+                                   "native_id": handle.native_id}, indent=2))
 
 
 def find_job(job_id: str, log_dir: str = "dlrover-runs") -> JobRun:

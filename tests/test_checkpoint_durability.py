@@ -28,7 +28,7 @@ def ckpt_job(tmp: Path, name: str, *, args=(), nodes=1, nproc=1, storage="posix"
     return Job(
         name=name, entrypoint=str(SCRIPTS / "ckpt_train.py"), args=list(args),
         nodes=Nodes(min=nodes, max=nodes, nproc_per_node=nproc), accelerator="cpu",
-        checkpoint=Checkpoint(dir=str(ck or tmp / "ck"), storage=storage, memory_every_steps=1,
+        checkpoint=Checkpoint(dir=str(ck if ck is not None else tmp / "ck"), storage=storage, memory_every_steps=1,
                               persist_every_steps=persist_every, keep_last=keep_last,
                               persist_timeout_s=persist_timeout_s),
         failure=failure or Failure(max_restarts=0), log_dir=str(tmp / "runs"),
@@ -146,11 +146,25 @@ def test_saving_on_some_ranks_only_fails_at_once_naming_the_rule(tmp_path):
 def test_a_loop_that_ignores_the_restored_step_is_an_error(tmp_path):
     """After a restore, a loop that reports steps from 0 again (replaying trained steps
     and counting them as productive) fails with an error that names the rule."""
-    first = ckpt_job(tmp_path, "replay1", args=["--steps", "12"]).run(progress=False)
+    first = ckpt_job(tmp_path, "replay1", args=["--steps", "12"], nproc=2).run(progress=False)
     assert first.state == JobState.SUCCEEDED, first.reason
-    result = ckpt_job(tmp_path, "replay2", args=["--steps", "30", "--ignore-restore"]).run(progress=False)
+    result = ckpt_job(tmp_path, "replay2", args=["--steps", "30", "--ignore-restore"], nproc=2,
+                      failure=Failure(max_restarts=2)).run(progress=False)
     assert result.state == JobState.FAILED
     assert "restored.step + 1" in result.reason and "restored step 10" in result.reason
+    assert result.restarts == 0  # every rank raised it before its first step: stopped at once, no node blamed
+
+
+@pytest.mark.timeout(240)
+def test_a_relative_checkpoint_dir_loads_at_another_world_size(tmp_path, monkeypatch):
+    """Saved by 2 workers under a relative Checkpoint(dir=...), resumed by 1 (DCP
+    resharding): the restore finds the files."""
+    monkeypatch.chdir(tmp_path)
+    first = ckpt_job(tmp_path, "rel2", args=["--steps", "11"], nproc=2, ck=Path("ckrel")).run(progress=False)
+    assert first.state == JobState.SUCCEEDED, first.reason
+    second = ckpt_job(tmp_path, "rel1", args=["--steps", "15"], nproc=1, ck=Path("ckrel")).run(progress=False)
+    assert second.state == JobState.SUCCEEDED, second.reason
+    assert {e["step"] for e in job_events(second) if e["kind"] == "checkpoint_restored"} == {10}
 
 
 def _segments(job_id: str, node: int) -> set[str]:

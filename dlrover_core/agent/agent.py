@@ -68,6 +68,9 @@ _BREAKPOINT_GRACE_S = 10.0
 #: After reporting a hang, how long the agent leaves its hung workers alive, so that the
 #: other agents dump their workers' stacks before the connections they hang on drop (seconds).
 _PEER_DUMP_GRACE_S = 2.0
+#: After a worker raised before its first step, how long its node's other workers get to
+#: raise the same (seconds).
+_SIBLING_ERROR_WAIT_S = 3.0
 
 
 class ElasticAgent:
@@ -589,6 +592,20 @@ class ElasticAgent:
         with self._state_lock:
             for w, _ in failed:
                 self._tails[w.rank].read()  # an uncaught exception's record, if the worker wrote one
+        early = any((self._tails[w.rank].exception or {}).get("before_first_step") for w, _ in failed)
+        if early and len(failed) < len(self.workers):
+            # an error before the first step is likely the script's, raised by every rank:
+            # let this node's other workers reach it too (the master stops the job when all
+            # ranks report the same error) instead of killing them first
+            deadline = time.monotonic() + _SIBLING_ERROR_WAIT_S
+            while time.monotonic() < deadline and any(w.poll() is None for w in self.workers):
+                time.sleep(0.05)
+            failed = [(w, c) for w in self.workers if (c := w.poll()) not in (None, 0)]
+            for w, _ in failed:
+                w.join_output()
+            with self._state_lock:
+                for w, _ in failed:
+                    self._tails[w.rank].read()
         failures = []
         for w, code in failed:
             exc = self._tails[w.rank].exception

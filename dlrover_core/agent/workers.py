@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -14,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-import psutil
+from dlrover_core.proctree import kill_trees as _kill_trees
 
 __all__ = ["Standby", "WorkerProcess", "kill_trees"]
 
@@ -126,47 +125,12 @@ class WorkerProcess:
         self._pump.join(timeout_s)
 
 
-def _tree(pid: int) -> list[psutil.Process]:
-    try:
-        root = psutil.Process(pid)
-        return [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
 def kill_trees(workers: Sequence[WorkerProcess], *, grace_s: float) -> None:
-    """SIGTERM every worker's process tree, wait up to ``grace_s``, then SIGKILL what is left.
-
-    Trees are collected before signalling, so grandchildren are found while their parents
-    still live; each worker's process group is signalled too.
-    """
-    procs: list[psutil.Process] = []
-    for w in workers:
-        if w.poll() is None:
-            procs.extend(_tree(w.pid))
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        live = []
-        for p in procs:
-            try:
-                p.send_signal(sig)
-                live.append(p)
-            except psutil.NoSuchProcess:
-                pass
-        for w in workers:
-            try:
-                os.killpg(w.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        if sig == signal.SIGTERM:
-            for p in live:  # a stopped (SIGSTOP) process handles SIGTERM only once continued
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    p.send_signal(signal.SIGCONT)
-            _, alive = psutil.wait_procs(live, timeout=grace_s)
-            procs = alive
-            if not procs:
-                break
-        else:
-            psutil.wait_procs(live, timeout=5.0)
+    """Stop every live worker's process tree and process group
+    (:func:`dlrover_core.proctree.kill_trees`), then reap the workers and copy the rest of
+    their output."""
+    _kill_trees([w.pid for w in workers if w.poll() is None], grace_s=grace_s,
+                process_groups=[w.pid for w in workers])
     deadline = time.monotonic() + 5.0
     for w in workers:
         try:

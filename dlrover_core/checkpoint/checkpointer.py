@@ -486,7 +486,7 @@ def _reshard(step_path: Path, views: dict[str, Any], state: dict[str, Any], *, s
     # files (a late write of a stale incarnation may lie beside them)
     with tempfile.TemporaryDirectory(prefix="dlrover-reshard-") as tmp:
         for name in files or [p.name for p in step_path.glob("*.safetensors")]:
-            os.symlink(step_path / name, Path(tmp) / name)
+            os.symlink((step_path / name).resolve(), Path(tmp) / name)  # absolute: a relative dir too
         dcp.load(wanted, storage_reader=HuggingFaceStorageReader(tmp),
                  planner=DefaultLoadPlanner(allow_partial_load=True))
     return {**views, **wanted}

@@ -145,7 +145,6 @@ class CheckpointSaver:
         self._thread = threading.Thread(target=self._loop, name="dlrover-ckpt-saver", daemon=True)
         #: the first storage failure that makes the job fail (a stuck write), if any
         self.fatal: str | None = None
-        self.persisted: list[dict[str, Any]] = []
 
     # ----- lifecycle ---------------------------------------------------------------------
 
@@ -450,7 +449,6 @@ class CheckpointSaver:
             return False
         info = {"node_id": self.node_id, "rank": rank, "step": h.step, "world_size": h.world_size, "round": h.round,
                 "file": path.rsplit("/", 1)[-1], "crc32": crc, "bytes": nbytes, "persist_s": round(persist_s, 6)}
-        self.persisted.append(info)
         answer = self._tell("checkpoint_shard", info)
         if answer and answer.get("committed") is not None:
             with self._lock:

@@ -78,6 +78,8 @@ class CheckpointCoordinator:
         self._progress: dict[int, dict[int, int]] = {}  # round -> rank -> newest step reported
         self.commit_error: tuple[int, str] | None = None  # (step, error) of the newest failed commit
         self.persist_error: dict[str, Any] | None = None  # the newest failed shard write (not fatal)
+        self.not_persisted: set[int] = set()  # steps whose shard write was given up on some rank
+        self.last_persist_error: str | None = None
 
     # ----- lineage -------------------------------------------------------------------------
 
@@ -191,6 +193,12 @@ class CheckpointCoordinator:
         return [{"step": step, "world_size": world, "round": rnd, "rank": rank, "info": info}
                 for (step, world, rnd), shards in self._shards.items() for rank, info in shards.items()]
 
+    def lost_steps(self) -> list[int]:
+        """Steps due for persistence that some rank could not write (storage errors) and that
+        were never committed: what a job that ends well still lost."""
+        committed = set(self.committed_steps()) if self.not_persisted else set()
+        return sorted(s for s in self.not_persisted if s not in committed)
+
     def final_problem(self) -> str | None:
         """Why the job must not end SUCCEEDED for its checkpoints: shards of a step newer
         than the last commit that never got all ranks (a save on some ranks only), or a
@@ -294,7 +302,7 @@ class CheckpointCoordinator:
         key = (round_index, world_size)
         state = self._verifying.setdefault(key, {"step": step, "reports": {}, "answer": None})
         if state["step"] != step:  # this rank checked a step the others already moved past
-            return state["answer"] or {"state": "retry", "step": state["step"]}
+            return state["answer"] or {"state": "retry", "step": state["step"], "reason": state.get("why")}
         state["reports"][rank] = (ok, error)
         if state["answer"] is not None:
             return state["answer"]
@@ -314,7 +322,7 @@ class CheckpointCoordinator:
             state["answer"] = {"state": "failed", "reason": self._no_intact_reason()}
             return state["answer"]
         self._restored(round_index, fallback)
-        self._verifying[key] = {"step": fallback, "reports": {}, "answer": None}
+        self._verifying[key] = {"step": fallback, "reports": {}, "answer": None, "why": f"step {step}: {why}"}
         return {"state": "retry", "step": fallback, "reason": why}
 
     # ----- journal -------------------------------------------------------------------------

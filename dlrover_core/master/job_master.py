@@ -521,6 +521,9 @@ class JobMaster:
             self._event("checkpoint_persist_failed", **fields, fatal=bool(body.get("fatal")))
             if self.checkpoints is not None:
                 self.checkpoints.persist_error = fields
+                self.checkpoints.last_persist_error = str(body.get("error"))
+                if body.get("step") is not None:
+                    self.checkpoints.not_persisted.add(int(body["step"]))
             if body.get("fatal"):
                 self._finish(JobState.FAILED, str(body.get("error")))
             return {"action": self._action(self.required_round)}
@@ -744,8 +747,14 @@ class JobMaster:
                 # (the size test first: the set test scans the round, once per node otherwise)
                 if len(self._succeeded_nodes) >= len(rnd.node_ids) and self._succeeded_nodes.issuperset(rnd.node_ids):
                     problem = self.checkpoints.final_problem() if self.checkpoints is not None else None
+                    lost = self.checkpoints.lost_steps() if self.checkpoints is not None else []
                     if problem is not None:  # never SUCCEEDED without the final checkpoint
                         self._finish(JobState.FAILED, problem)
+                    elif lost:  # succeeded, but say what storage errors cost
+                        error = self.checkpoints.last_persist_error  # type: ignore[union-attr]
+                        self._finish(JobState.SUCCEEDED, (
+                            f"final checkpoint committed (step {self.checkpoints.latest}); checkpoint steps "  # type: ignore[union-attr]
+                            f"{lost} were not persisted (storage errors; last: {error}); see events.jsonl"))
                     else:
                         self._finish(JobState.SUCCEEDED)
             return {"action": self._action(round_index, node)}

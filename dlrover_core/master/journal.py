@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from dlrover_core.errors import DLRoverError
+from dlrover_core.fileio import write_atomic as _write_atomic
 from dlrover_core.logging import get_logger
 
 __all__ = ["CRASH_AT_ENV", "Journal", "write_atomic"]
@@ -52,13 +53,9 @@ CRASH_EXIT_CODE = 75
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text``: write a temp file, fsync it, rename it over ``path``."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Replace ``path`` with ``text`` durably (:func:`dlrover_core.fileio.write_atomic`
+    with fsync)."""
+    _write_atomic(path, text, fsync=True)
 
 
 def _parse_crash_at(value: str | None) -> tuple[str, int] | None:

@@ -60,6 +60,7 @@ import tenacity
 from dlrover_core import env
 from dlrover_core.agent.launch import preview_workers
 from dlrover_core.errors import JobSpecError, SchedulerError
+from dlrover_core.fileio import write_atomic
 from dlrover_core.logging import get_logger
 from dlrover_core.plugins import get_host, hookimpl
 from dlrover_core.result import JobResult
@@ -854,9 +855,7 @@ def _saved_logs(log_dir: Path) -> Iterator[str]:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=2))
 
 
 @hookimpl

@@ -35,8 +35,10 @@ from dlrover_core import env
 from dlrover_core.agent.launch import preview_workers
 from dlrover_core.checkpoint.shm import remove_segments
 from dlrover_core.errors import SchedulerError
+from dlrover_core.fileio import write_atomic
 from dlrover_core.logging import get_logger
 from dlrover_core.plugins import get_host, hookimpl
+from dlrover_core.proctree import kill_trees
 from dlrover_core.result import JobResult
 from dlrover_core.schedulers.base import (
     Capabilities,
@@ -73,26 +75,6 @@ def _alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def _kill_tree(pid: int, grace_s: float) -> None:
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=5.0)
 
 
 class LocalScheduler(SchedulerBackend):
@@ -187,7 +169,7 @@ class LocalScheduler(SchedulerBackend):
             except (httpx.HTTPError, OSError, ValueError):
                 pass
             if master.poll() is not None or time.monotonic() > deadline:
-                _kill_tree(master.pid, 1.0)
+                kill_trees([master.pid], grace_s=1.0)
                 tail = Path(master_spec.log_file).read_text(errors="replace")[-2000:]
                 raise SchedulerError(f"the job master did not start (exit code {master.poll()}); master.log ends:\n{tail}")
             time.sleep(0.1)
@@ -209,9 +191,7 @@ class LocalScheduler(SchedulerBackend):
         """Merge ``update`` into handle.json (shared with the master, which records relaunched
         agents there): re-read, merge, replace atomically."""
         info = {**self._info(handle), **update}
-        tmp = Path(handle.log_dir) / f"handle.json.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(info, indent=2))
-        os.replace(tmp, Path(handle.log_dir) / "handle.json")
+        write_atomic(Path(handle.log_dir) / "handle.json", json.dumps(info, indent=2))
         return info
 
     def _master_addr(self, handle: JobHandle, info: dict | None = None) -> str:
@@ -309,7 +289,7 @@ class LocalScheduler(SchedulerBackend):
                 self._reap(handle)
                 time.sleep(0.1)
         for pid in [*info["agents"].values(), *info.get("relaunched", {}).values(), info["master_pid"]]:
-            _kill_tree(int(pid), grace_s)
+            kill_trees([int(pid)], grace_s=grace_s)
         self._reap(handle)
         # agents remove their node's segments when they exit; this catches a SIGKILLed agent
         remove_segments(f"dlrover-{handle.job_id}-")

@@ -37,6 +37,7 @@ import httpx
 from dlrover_core import env
 from dlrover_core.checkpoint.shm import remove_segments
 from dlrover_core.errors import JobSpecError, SchedulerError, TransientError
+from dlrover_core.fileio import write_atomic
 from dlrover_core.logging import get_logger
 from dlrover_core.plugins import get_host, hookimpl
 from dlrover_core.result import JobResult
@@ -74,9 +75,7 @@ _ALREADY_DONE = ("already completing or completed", "invalid job id specified")
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_atomic(path, text)
 
 
 class SlurmScheduler(SchedulerBackend):

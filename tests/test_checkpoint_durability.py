@@ -51,6 +51,7 @@ def test_back_to_back_persists_on_a_slow_disk_commit_every_step(tmp_path, monkey
     assert committed == list(range(16))
     assert check_committed_steps(tmp_path / "ck") == list(range(16))
     assert result.checkpoint_stall_s > 0  # the backpressure is counted, not hidden
+    assert any(e["kind"] == "checkpoint_backpressure" for e in job_events(result))
 
 
 @pytest.mark.timeout(180)

@@ -232,8 +232,9 @@ class Checkpointer:
             where = "storage"
         stall_s = time.monotonic() - t0
         writer = get_writer()
+        waited_s = snapshots.waited_s if snapshots is not None else 0.0
         writer.write({"type": "checkpoint", "step": step, "stall_s": round(stall_s, 6), "where": where,
-                      "persist": persist, "bytes": layout.data_len})
+                      "persist": persist, "bytes": layout.data_len, "waited_s": round(waited_s, 6)})
         writer.mark()
         log.debug("checkpoint_saved", step=step, where=where, persist=persist, stall_s=round(stall_s, 4))
         return True

@@ -86,6 +86,9 @@ _GONE = ("dead", "exited", "excluded")
 #: Seconds a restarted master adds to every node's heartbeat timeout: what an agent may need
 #: to find it (a request timing out on the dead address, 5 s, then a retry wait, 1 s).
 _RESTORE_GRACE_S = 10.0
+#: A save that waited longer than this for a free snapshot slot (seconds) is an event:
+#: the storage writes slower than the job asks for persists.
+_BACKPRESSURE_EVENT_S = 0.05
 #: Seconds the restart ordered by an exception raised before the first step waits for the
 #: other ranks' reports: when they all raised the same, the job stops instead (the script's error).
 _SCRIPT_ERROR_WAIT_S = 10.0
@@ -484,6 +487,9 @@ class JobMaster:
                     self.metrics[k] = float(v)
                 except (TypeError, ValueError):
                     pass
+        elif kind == "checkpoint" and float(record.get("waited_s") or 0.0) > _BACKPRESSURE_EVENT_S:
+            # a save waited for the storage (both snapshot slots were still being persisted)
+            self._event("checkpoint_backpressure", step=record.get("step"), waited_s=record.get("waited_s"))
         elif kind == "restore":
             self._event("checkpoint_restored", step=record["step"], source=record.get("source"),
                         load_s=record.get("load_s"))

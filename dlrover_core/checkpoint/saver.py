@@ -166,11 +166,7 @@ class CheckpointSaver:
         for index in range(_SLOTS):
             slot = self._slots.pop((rank, index), None)
             if slot is None:
-                with contextlib.suppress(FileNotFoundError):
-                    probe = SnapshotSlot.open(segment_name(self.job_id, self.node_id, rank, index, self.agent),
-                                              create=False)
-                    if probe is not None:
-                        slot = probe
+                slot = SnapshotSlot.open(segment_name(self.job_id, self.node_id, rank, index, self.agent), create=False)
             if slot is None:
                 continue
             if not slot.replaced():
@@ -304,12 +300,6 @@ class CheckpointSaver:
         with self._lock:
             return bool(self._writes)
 
-    def pending(self) -> bool:
-        """Whether a flagged snapshot or a breakpoint save waits, or a write is in flight."""
-        with self._lock:
-            return bool(self._writes) or bool(self._breakpoint) or any(
-                self._candidates(r, everything=False) for r in self._ranks)
-
     # ----- synchronous API (tests, the agent's exit) ------------------------------------------
 
     def persist_due(self) -> int:
@@ -440,7 +430,8 @@ class CheckpointSaver:
                                                 "round": h.round, "storage": self.storage.url, "error": error})
                 return False
             slot.mark_persisted()
-            abandoned = bool(slot.header() and slot.header().abandoned)  # type: ignore[union-attr]
+            after = slot.header()
+            abandoned = after is not None and after.abandoned
         finally:
             slot.unlock()
         persist_s = time.monotonic() - t0

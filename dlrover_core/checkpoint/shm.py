@@ -35,7 +35,6 @@ import contextlib
 import fcntl
 import mmap
 import os
-import re
 import struct
 import zlib
 from collections.abc import Iterator
@@ -70,9 +69,6 @@ FLAG_PERSIST = 1
 FLAG_PERSISTED = 1 << 8
 FLAG_GAVE_UP = 2 << 8
 FLAG_ABANDONED = 1 << 16
-
-_NAME_RE = re.compile(r"dlrover-(?P<job>.+)-n(?P<node>\d+)-a(?P<agent>\d+)-r(?P<rank>\d+)-s(?P<slot>\d+)")
-
 
 def node_prefix(job_id: str, node_id: int, agent: int | None = None) -> str:
     """The name prefix of a node's segments: of one agent incarnation (``agent``, its
@@ -311,9 +307,3 @@ class SnapshotSlot:
         self.mm, self._retired = None, []
         with contextlib.suppress(OSError):
             os.close(self.fd)
-
-
-def parse_segment_name(name: str) -> dict[str, str] | None:
-    """``{"job", "node", "agent", "rank", "slot"}`` of a segment name, or ``None``."""
-    m = _NAME_RE.fullmatch(name)
-    return m.groupdict() if m else None

@@ -80,7 +80,7 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
-from dlrover_core.master.client import POLL_HOLD_MAX_S
+from dlrover_core.protocol.client import POLL_HOLD_MAX_S
 
 #: Seconds between the ready-polls of an agent (``dlrover_core.agent.agent``).
 POLL_S = 0.02

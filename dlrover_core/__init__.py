@@ -15,15 +15,15 @@ from dlrover_core.errors import (
     MasterUnavailableError,
     PluginError,
     PluginNotFoundError,
+    ProtocolError,
     RendezvousError,
     SchedulerError,
     TransientError,
 )
-from dlrover_core.events import JobEvent
-from dlrover_core.plugins import hookimpl
-from dlrover_core.result import FailureRecord, JobResult
-from dlrover_core.schedulers.base import JobState
-from dlrover_core.spec import Checkpoint, Failure, Job, Nodes, Optimizer, Parallel
+from dlrover_core.job import Job
+from dlrover_core.markers import hookimpl
+from dlrover_core.protocol import FailureRecord, JobEvent, JobResult, JobState
+from dlrover_core.spec import Checkpoint, Failure, JobSpec, Nodes, Optimizer, Parallel
 
 try:
     __version__ = version("dlrover-core")
@@ -40,6 +40,7 @@ __all__ = [
     "Job",
     "JobEvent",
     "JobResult",
+    "JobSpec",
     "JobSpecError",
     "JobState",
     "MasterUnavailableError",
@@ -48,6 +49,7 @@ __all__ = [
     "Parallel",
     "PluginError",
     "PluginNotFoundError",
+    "ProtocolError",
     "RendezvousError",
     "SchedulerError",
     "TransientError",

@@ -127,7 +127,8 @@ def run(nnodes, nproc_per_node, max_restarts, node_unit, rdzv_conf, monitor_inte
     On the cpu, more than 4 workers per core of this machine (all nodes together with the
     local scheduler) are refused unless --force is given.
     """
-    from dlrover_core.spec import Checkpoint, Failure, Job, Nodes
+    from dlrover_core import Job
+    from dlrover_core.spec import Checkpoint, Failure, Nodes
 
     for flag, value in (("--rdzv-backend", rdzv_backend), ("--rdzv-endpoint", rdzv_endpoint), ("--rdzv-id", rdzv_id)):
         if value:
@@ -171,7 +172,7 @@ def _load_job(path: str) -> Any:
     """The ``Job`` a Python file defines: its ``job`` variable, or its only ``Job`` object."""
     import runpy
 
-    from dlrover_core.spec import Job
+    from dlrover_core import Job
 
     try:
         namespace = runpy.run_path(path, run_name="__dlrover_submit__")

@@ -12,6 +12,7 @@ also subclasses the matching builtin so callers can catch either::
     ├── CheckpointError                   a checkpoint could not be written or read
     ├── RendezvousError                   a rendezvous round could not complete
     ├── MasterUnavailableError            the job master could not be reached (after retries)
+    ├── ProtocolError                     a malformed message between the job's processes
     └── TransientError                    a failure worth retrying (retries catch this)
 """
 
@@ -25,6 +26,7 @@ __all__ = [
     "MasterUnavailableError",
     "PluginError",
     "PluginNotFoundError",
+    "ProtocolError",
     "RendezvousError",
     "SchedulerError",
     "TransientError",
@@ -105,6 +107,10 @@ class RendezvousError(DLRoverError):
 
 class MasterUnavailableError(DLRoverError, ConnectionError):
     """The job master did not answer within the retry policy."""
+
+
+class ProtocolError(DLRoverError, ValueError):
+    """A message between the job's processes is malformed (a field missing or mistyped)."""
 
 
 class TransientError(DLRoverError):

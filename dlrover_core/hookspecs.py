@@ -125,7 +125,7 @@ def dlrover_register_parallel_strategies(register: Register) -> None:
 def dlrover_on_job_event(event: Any) -> None:
     """Observe a job event in the job master.
 
-    ``event`` is a :class:`~dlrover_core.events.JobEvent` with ``kind`` one of
+    ``event`` is a :class:`~dlrover_core.protocol.JobEvent` with ``kind`` one of
     ``rendezvous_completed``, ``worker_failed``, ``workers_restarted``,
     ``checkpoint_committed``, ``checkpoint_restored``, ``job_finished`` (more may be added;
     ignore kinds you do not know) and ``data``, a JSON-safe dict.

@@ -29,10 +29,8 @@ from dlrover_core.errors import DeviceError, PluginError
 from dlrover_core.logging import get_logger
 from dlrover_core.registry import KINDS, Registries
 
-__all__ = ["BUILTIN_PLUGINS", "PluginHost", "PluginInfo", "get_host", "hookimpl", "reset_host"]
+__all__ = ["BUILTIN_PLUGINS", "PluginHost", "PluginInfo", "get_host", "reset_host"]
 
-#: Marker for plugin hook implementations: ``@hookimpl def dlrover_register_...``.
-hookimpl = pluggy.HookimplMarker(hookspecs.PROJECT_NAME)
 
 #: The core's own plugins, registered before any external one.
 BUILTIN_PLUGINS: tuple[str, ...] = (

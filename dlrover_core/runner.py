@@ -14,9 +14,10 @@ from dlrover_core.errors import SchedulerError
 from dlrover_core.fileio import write_atomic
 from dlrover_core.logging import get_logger
 from dlrover_core.plugins import get_host
-from dlrover_core.result import JobResult
-from dlrover_core.schedulers.base import JobHandle, JobStatus, Plan, SchedulerBackend
-from dlrover_core.spec import Job
+from dlrover_core.protocol import JobResult, JobStatus
+from dlrover_core.schedulers.base import JobHandle, Plan, SchedulerBackend
+from dlrover_core.spec import JobSpec
+from dlrover_core.validation import validate_job
 
 __all__ = ["HANDLE_FILE", "JobRun", "dryrun", "find_job", "save_handle", "submit"]
 
@@ -26,16 +27,18 @@ log = get_logger()
 _RESULT_WAIT_S = 60.0
 
 
-def _backend(job: Job) -> SchedulerBackend:
+def _backend(job: JobSpec) -> SchedulerBackend:
     return get_host().registries.scheduler.get(job.scheduler)()
 
 
-def dryrun(job: Job) -> Plan:
-    """The plan ``job`` would run with, from its scheduler backend. No side effects."""
+def dryrun(job: JobSpec) -> Plan:
+    """Validate ``job`` (:func:`~dlrover_core.validation.validate_job`) and return the plan
+    it would run with, from its scheduler backend. No side effects."""
+    validate_job(job)
     return _backend(job).dryrun(job)
 
 
-def submit(job: Job, *, detach: bool = False) -> JobRun:
+def submit(job: JobSpec, *, detach: bool = False) -> JobRun:
     """Dry-run ``job``, submit the plan and return a :class:`JobRun` without waiting.
 
     A local job is cancelled when the process that submitted it exits (nothing is left
@@ -46,6 +49,7 @@ def submit(job: Job, *, detach: bool = False) -> JobRun:
 
     from dlrover_core import env
 
+    validate_job(job)
     backend = _backend(job)
     plan = backend.dryrun(job)
     if backend.capabilities.storage_on_submit_host:
@@ -59,7 +63,7 @@ def submit(job: Job, *, detach: bool = False) -> JobRun:
     return JobRun(backend=backend, plan=plan, handle=handle)
 
 
-def check_checkpoint_storage(job: Job) -> None:
+def check_checkpoint_storage(job: JobSpec) -> None:
     """Refuse a checkpoint storage this machine cannot write (a read-only or missing mount,
     no permission, a file where the directory should be) before anything starts.
 

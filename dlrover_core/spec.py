@@ -2,31 +2,31 @@
 
 Every class is frozen and keyword-only (change a value with :func:`attrs.evolve`); every
 invalid field raises :class:`~dlrover_core.errors.JobSpecError` naming the field, the value
-and what is allowed. A :class:`Job` crosses process and container boundaries as a dict
-(:meth:`Job.to_dict` / :meth:`Job.from_dict`, via cattrs).
+and what is allowed. A :class:`JobSpec` crosses process and container boundaries as a dict
+(:meth:`JobSpec.to_dict` / :meth:`JobSpec.from_dict`, via cattrs).
+
+Plain data: constructing or decoding a spec loads no plugin and touches no file, so the
+master, every agent and every worker decode it for free. What needs the installed plugins or
+the filesystem (backend names, the workdir, the entrypoint) is checked by
+:func:`dlrover_core.validation.validate_job`, which ``Job.validate()``, ``dryrun``, ``run``,
+``submit`` and the ``dlrover`` commands run. The user-facing :class:`dlrover_core.Job` adds
+those actions to this class.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import cattrs
 
 from dlrover_core.errors import JobSpecError
 
-if TYPE_CHECKING:
-    from dlrover_core.result import JobResult
-    from dlrover_core.runner import JobRun
-    from dlrover_core.schedulers.base import Plan
-
-__all__ = ["Checkpoint", "Failure", "Job", "Nodes", "Optimizer", "Parallel"]
+__all__ = ["Checkpoint", "Failure", "JobSpec", "Nodes", "Optimizer", "Parallel", "NAME_PATTERN", "MODULE_PATTERN"]
 
 
 # ----- small validators --------------------------------------------------------------------
@@ -242,7 +242,7 @@ class Optimizer:
 
 
 def _normalize_strategy(item: Any, index: int) -> tuple[str, dict[str, Any]]:
-    from dlrover_core.parallel.rules import normalize_mesh_dims
+    from dlrover_core.parallel_rules import normalize_mesh_dims
 
     field = f"parallel.strategies[{index}]"
     if isinstance(item, str):
@@ -272,12 +272,12 @@ class Parallel:
     list of ``(name, size)`` dimensions, first-listed varies fastest, one size may be -1 for
     the rest; must come first); ``auto`` (picks ddp, fsdp or checkpoint + fsdp from the
     model's size and the device memory, options ``shard_above``, ``checkpoint_above``,
-    ``wrap_class``, ``device_mb``; see :func:`dlrover_core.parallel.rules.auto_rule_text`).
+    ``wrap_class``, ``device_mb``; see :func:`dlrover_core.parallel_rules.auto_rule_text`).
     Plugins add more names.
 
     A malformed or conflicting list (a name twice; two of ddp / fsdp / auto; mesh not first;
     checkpoint after ddp / fsdp or with auto; a built-in's unknown option) raises
-    :class:`~dlrover_core.errors.JobSpecError` here; unknown names at ``Job(...)``; a mesh
+    :class:`~dlrover_core.errors.JobSpecError` here; unknown names at ``Job.validate()``; a mesh
     whose size product is not the world size at ``prepare()``.
 
     Attributes:
@@ -289,7 +289,7 @@ class Parallel:
     strategies: tuple[tuple[str, dict[str, Any]], ...]
 
     def __init__(self, strategies: Sequence[Any] = ("ddp",)) -> None:
-        from dlrover_core.parallel.rules import check_strategies
+        from dlrover_core.parallel_rules import check_strategies
 
         if isinstance(strategies, str):
             strategies = [strategies]
@@ -309,26 +309,23 @@ class Parallel:
 
     def describe(self) -> list[str]:
         """One line per strategy, as ``Job.dryrun()``'s plan shows them (``auto``: its rule)."""
-        from dlrover_core.parallel.rules import describe
+        from dlrover_core.parallel_rules import describe
 
         return describe(self.strategies)
 
 
 # ----- the job ----------------------------------------------------------------------------
 
-_NAME_RE = re.compile(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?")
-_MODULE_RE = re.compile(r"[A-Za-z_][\w.]*(:[A-Za-z_]\w*)?")
-
-
-def _known(kind: str) -> list[str]:
-    from dlrover_core.plugins import get_host
-
-    return get_host().registries.of(kind).names()
+#: A job name: a DNS label of at most 40 characters.
+NAME_PATTERN = re.compile(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?")
+#: An entrypoint that is a module (``pkg.mod``) or a function in one (``pkg.mod:function``).
+MODULE_PATTERN = re.compile(r"[A-Za-z_][\w.]*(:[A-Za-z_]\w*)?")
 
 
 @attrs.frozen(kw_only=True)
-class Job:
-    """A distributed training job.
+class JobSpec:
+    """A distributed training job, as plain data (the user-facing :class:`dlrover_core.Job`
+    adds ``validate``, ``dryrun``, ``submit`` and ``run``).
 
     Attributes:
         name: DNS-label style name (lowercase letters, digits, '-'; at most 40 characters).
@@ -340,6 +337,10 @@ class Job:
         nodes: :class:`Nodes`, or an int (``min == max``), or ``"MIN:MAX"``.
         accelerator: a registered accelerator name or ``"auto"``.
         scheduler: a registered scheduler name (``"local"`` runs on this machine).
+        scheduler_options: the scheduler backend's own options by name (JSON values), e.g.
+            ``{"image": "ghcr.io/org/train:1"}`` for k8s; each backend declares its options
+            (name, type, default, help: ``dlrover plugins list`` shows them) and
+            ``Job.validate()`` refuses an unknown one or a value of the wrong type.
         checkpoint: :class:`Checkpoint` settings for ``train.Checkpointer``.
         failure: :class:`Failure` settings (restart budget, timeouts).
         optimizer: what ``train.prepare()`` builds.
@@ -356,6 +357,7 @@ class Job:
     nodes: Nodes = attrs.field(default=Nodes(), converter=Nodes.parse)
     accelerator: str = "auto"
     scheduler: str = "local"
+    scheduler_options: dict[str, Any] = attrs.field(factory=dict, converter=dict)
     checkpoint: Checkpoint = Checkpoint()
     failure: Failure = Failure()
     optimizer: Optimizer = Optimizer("adamw")
@@ -365,7 +367,7 @@ class Job:
     log_dir: str = "dlrover-runs"
 
     def __attrs_post_init__(self) -> None:
-        if not isinstance(self.name, str) or not _NAME_RE.fullmatch(self.name):
+        if not isinstance(self.name, str) or not NAME_PATTERN.fullmatch(self.name):
             raise JobSpecError("name", self.name, "lowercase letters, digits and '-', 1-40 characters, e.g. 'charlm'")
         for i, a in enumerate(self.args):
             if not isinstance(a, str):
@@ -381,57 +383,33 @@ class Job:
                 raise JobSpecError(field, value, f"a {want.__name__}(...)")
         if self.parallel is not None and not isinstance(self.parallel, Parallel):
             raise JobSpecError("parallel", self.parallel, "None or a Parallel(...)")
-        workdir = Path(self.workdir)
-        if not workdir.is_dir():
-            raise JobSpecError("workdir", self.workdir, "an existing directory")
-        self._check_entrypoint(workdir)
-        self._check_name("scheduler", self.scheduler, "scheduler")
-        if self.accelerator != "auto":
-            self._check_name("accelerator", self.accelerator, "accelerator")
-        self._check_name("checkpoint.storage", self.checkpoint.storage, "storage")
-        self._check_name("optimizer.name", self.optimizer.name, "optimizer")
-        for i, (name, _) in enumerate(self.parallel.strategies if self.parallel else ()):
-            self._check_name(f"parallel.strategies[{i}]", name, "parallel_strategy")
-
-    def _check_entrypoint(self, workdir: Path) -> None:
-        ep = self.entrypoint
-        if not isinstance(ep, str) or not ep:
-            raise JobSpecError("entrypoint", ep, "a script path, 'pkg.module' or 'pkg.module:function'")
-        if ep.endswith(".py") or "/" in ep:
-            if not (workdir / ep).is_file():
-                raise JobSpecError("entrypoint", ep, f"an existing script (looked in workdir {str(workdir)!r})")
-            return
-        if not _MODULE_RE.fullmatch(ep):
-            raise JobSpecError("entrypoint", ep, "a script path, 'pkg.module' or 'pkg.module:function'")
-        module = ep.split(":")[0]
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            raise JobSpecError("entrypoint", ep, f"an importable module; {module!r} was not found on sys.path")
-
-    @staticmethod
-    def _check_name(field: str, name: str, kind: str) -> None:
-        known = _known(kind)
-        if name not in known:
-            from dlrover_core.errors import KNOWN_PLUGIN_PACKAGES
-
-            package = KNOWN_PLUGIN_PACKAGES.get((kind, name))
-            fix = (f"pip install {package} (the plugin package that provides {name!r})" if package else
-                   f"install the plugin that provides {name!r}")
-            raise JobSpecError(field, name, f"one of the registered {kind}s: {', '.join(known) or 'none'}; "
-                                            f"or {fix}")
+        if not isinstance(self.entrypoint, str) or not self.entrypoint:
+            raise JobSpecError("entrypoint", self.entrypoint, "a script path, 'pkg.module' or 'pkg.module:function'")
+        looks_like_script = self.entrypoint.endswith(".py") or "/" in self.entrypoint
+        if not looks_like_script and not MODULE_PATTERN.fullmatch(self.entrypoint):
+            raise JobSpecError("entrypoint", self.entrypoint, "a script path, 'pkg.module' or 'pkg.module:function'")
+        for key, value in self.scheduler_options.items():
+            if not isinstance(key, str) or not key:
+                raise JobSpecError("scheduler_options", key, "option names as strings, e.g. {'image': '...'}")
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError) as exc:
+                raise JobSpecError(f"scheduler_options[{key!r}]", value, f"a JSON value (string, number, list, dict): {exc}") from None
+        for field in ("accelerator", "scheduler", "workdir", "log_dir"):
+            value = getattr(self, field)
+            if not isinstance(value, str) or not value:
+                raise JobSpecError(field, value, "a non-empty string")
 
     # ----- serialization ---------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict; :meth:`from_dict` turns it back into an equal Job."""
+        """A JSON-safe dict; :meth:`from_dict` turns it back into an equal spec."""
         return _converter.unstructure(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Job:
-        """Build a Job from :meth:`to_dict` output (raises JobSpecError on invalid fields)."""
+    def from_dict(cls, data: Mapping[str, Any]) -> Any:
+        """Build one of ``cls`` from :meth:`to_dict` output (raises JobSpecError on invalid
+        fields). Pure: loads no plugin and reads no file."""
         try:
             return _converter.structure(dict(data), cls)
         except cattrs.BaseValidationError as exc:
@@ -439,25 +417,6 @@ class Job:
             if isinstance(inner, JobSpecError):
                 raise inner from None
             raise JobSpecError("job", dict(data), f"a dict from Job.to_dict(): {inner}") from None
-
-    # ----- actions ---------------------------------------------------------------------
-
-    def dryrun(self) -> Plan:
-        """The exact plan the scheduler would execute (processes, scripts, manifests). Pure."""
-        from dlrover_core.runner import dryrun
-
-        return dryrun(self)
-
-    def submit(self, *, detach: bool = False) -> JobRun:
-        """Start the job and return a handle without waiting (see :class:`~dlrover_core.runner.JobRun`).
-        With ``detach``, the job outlives the calling process (else it is cancelled when it exits)."""
-        from dlrover_core.runner import submit
-
-        return submit(self, detach=detach)
-
-    def run(self, *, progress: bool = True) -> JobResult:
-        """Run the job to the end, showing logs and live progress; return its JobResult."""
-        return self.submit().wait(progress=progress)
 
 
 _converter = cattrs.Converter(forbid_extra_keys=True)

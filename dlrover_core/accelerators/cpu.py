@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from dlrover_core.accelerators.base import Accelerator, DeviceReport, NodeCheckResult
-from dlrover_core.plugins import hookimpl
+from dlrover_core.markers import hookimpl
 
 __all__ = ["CpuAccelerator"]
 

@@ -46,12 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     log = get_logger()
 
     from dlrover_core.agent.agent import ElasticAgent
-    from dlrover_core.master.client import MasterClient
     from dlrover_core.plugins import get_host
+    from dlrover_core.protocol.client import MasterClient
     from dlrover_core.retry import rpc_retrying
-    from dlrover_core.spec import Job
+    from dlrover_core.spec import JobSpec
 
-    job = Job.from_dict(json.loads(os.environ[env.JOB_SPEC]))
+    job = JobSpec.from_dict(json.loads(os.environ[env.JOB_SPEC]))
     accelerator = get_host().create_accelerator(os.environ.get(env.ACCELERATOR) or job.accelerator)
     nproc = job.nodes.nproc_per_node
     nproc = accelerator.default_nproc_per_node() if nproc == "auto" else int(nproc)

@@ -52,8 +52,8 @@ from dlrover_core.checkpoint.saver import CheckpointSaver
 from dlrover_core.checkpoint.shm import node_prefix, remove_segments
 from dlrover_core.errors import MasterUnavailableError, RendezvousError
 from dlrover_core.logging import get_logger
-from dlrover_core.master.client import MasterClient
-from dlrover_core.spec import Job
+from dlrover_core.protocol.client import MasterClient
+from dlrover_core.spec import JobSpec
 
 __all__ = ["ElasticAgent"]
 
@@ -91,7 +91,7 @@ class ElasticAgent:
     def __init__(
         self,
         *,
-        job: Job,
+        job: JobSpec,
         job_id: str,
         node_id: int,
         client: MasterClient,

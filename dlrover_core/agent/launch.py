@@ -12,12 +12,12 @@ import sys
 from typing import Any
 
 from dlrover_core import env
-from dlrover_core.spec import Job
+from dlrover_core.spec import JobSpec
 
 __all__ = ["preview_workers", "worker_argv", "worker_env"]
 
 
-def worker_argv(job: Job, python: str | None = None) -> list[str]:
+def worker_argv(job: JobSpec, python: str | None = None) -> list[str]:
     """The worker command for ``job.entrypoint`` (a script, ``pkg.mod`` or ``pkg.mod:fn``)."""
     python = python or sys.executable
     ep = job.entrypoint
@@ -29,7 +29,7 @@ def worker_argv(job: Job, python: str | None = None) -> list[str]:
 
 
 def worker_env(
-    job: Job,
+    job: JobSpec,
     *,
     job_id: str,
     node_id: int,
@@ -88,7 +88,7 @@ def worker_env(
 
 
 def preview_workers(
-    job: Job,
+    job: JobSpec,
     *,
     job_id: str,
     nproc: int,

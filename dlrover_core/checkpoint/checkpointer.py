@@ -142,7 +142,7 @@ class Checkpointer:
         self.restored_step: int | None = None  # the step load() restored (a save at or below it is a replay)
         self._client = None
         if os.environ.get(env.MASTER_ADDR) and self._node_id is not None:
-            from dlrover_core.master.client import MasterClient
+            from dlrover_core.protocol.client import MasterClient
 
             self._client = MasterClient(os.environ[env.MASTER_ADDR])
         self._memory: MemorySnapshots | None = None

@@ -46,7 +46,7 @@ def _store_factory():
 
 
 def _relauncher(job, job_id: str, log_dir: Path):
-    """``relaunch(node_id)`` through the job's scheduler backend, if it can relaunch nodes."""
+    """``relaunch(NodeRelaunch)`` through the job's scheduler backend, if it can relaunch nodes."""
     from dlrover_core.plugins import get_host
     from dlrover_core.schedulers.base import JobHandle
 
@@ -54,7 +54,7 @@ def _relauncher(job, job_id: str, log_dir: Path):
     if not backend.capabilities.relaunch_node:
         return None
     handle = JobHandle(scheduler=job.scheduler, job_id=job_id, log_dir=str(log_dir))
-    return lambda node_id: backend.relaunch_node(handle, node_id)
+    return lambda request: backend.relaunch_node(handle, request)
 
 
 def _listen(master, host: str, port: int, *, fallback: bool):
@@ -94,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     from dlrover_core.master.job_master import JobMaster
     from dlrover_core.master.journal import Journal
     from dlrover_core.plugins import get_host
-    from dlrover_core.spec import Job
+    from dlrover_core.spec import JobSpec
 
-    job = Job.from_dict(json.loads(os.environ[env.JOB_SPEC]))
+    job = JobSpec.from_dict(json.loads(os.environ[env.JOB_SPEC]))
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     host = get_host()

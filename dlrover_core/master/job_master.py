@@ -59,7 +59,6 @@ from typing import Any
 
 import attrs
 
-from dlrover_core.events import JobEvent
 from dlrover_core.logging import get_logger
 from dlrover_core.master.checkpoints import CheckpointCoordinator
 from dlrover_core.master.failures import DeterministicErrorDetector, before_first_step, describe, signal_name
@@ -67,9 +66,8 @@ from dlrover_core.master.goodput import GoodputTracker
 from dlrover_core.master.journal import Journal
 from dlrover_core.master.node_check import NodeCheckRun
 from dlrover_core.master.rendezvous import RendezvousManager, Round
-from dlrover_core.result import FailureRecord, JobResult
-from dlrover_core.schedulers.base import JobState
-from dlrover_core.spec import Job
+from dlrover_core.protocol import FailureRecord, JobEvent, JobResult, JobState, NodeRelaunch
+from dlrover_core.spec import JobSpec
 from dlrover_core.storage.base import CheckpointStorage
 
 __all__ = ["JobMaster", "NodeRecord"]
@@ -162,13 +160,13 @@ class JobMaster:
 
     def __init__(
         self,
-        job: Job,
+        job: JobSpec,
         job_id: str,
         *,
         store_host: str,
         store_factory: StoreFactory,
         storage: CheckpointStorage | None = None,
-        relaunch: Callable[[int], None] | None = None,
+        relaunch: Callable[[NodeRelaunch], None] | None = None,
         log_dir: Path | None = None,
         emit: Callable[[JobEvent], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -707,9 +705,9 @@ class JobMaster:
         replacement = max(self.nodes) + 1
         self._node(replacement).state = "registered"  # expected; silent until it starts
         self._note_node(node, point="node_excluded")
-        self._start_relaunch(replacement, replaces=node.node_id)
+        self._start_relaunch(replacement, replaces=node.node_id, reason=f"node {node.node_id} excluded: {why}")
 
-    def _start_relaunch(self, node_id: int, *, replaces: int | None = None) -> None:
+    def _start_relaunch(self, node_id: int, *, replaces: int | None = None, reason: str = "") -> None:
         if self._relauncher is None or self._relaunch is None:
             return
         cap = self.job.failure.max_restarts + self.job.nodes.max
@@ -725,10 +723,11 @@ class JobMaster:
         self._event("node_relaunched", node_id=node_id, replaces=replaces)
         self._note_node(node, point="relaunch_issued")
         relaunch, relauncher = self._relaunch, self._relauncher
+        request = NodeRelaunch(node_id=node_id, replaces=replaces, reason=reason, attempt=node.relaunches - 1)
 
         def run() -> None:
             try:
-                relaunch(node_id)
+                relaunch(request)
             except Exception as exc:  # the backend refused: the node stays missing
                 log.error("node_relaunch_failed", node_id=node_id, error=f"{type(exc).__name__}: {exc}")
                 with self._batch():
@@ -963,7 +962,7 @@ class JobMaster:
         if node.failures >= self.job.failure.max_node_failures:
             self._exclude(node, f"lost {node.failures} times (failure.max_node_failures={self.job.failure.max_node_failures})")
         elif self._relaunch is not None:
-            self._start_relaunch(node.node_id)
+            self._start_relaunch(node.node_id, replaces=node.node_id, reason=f"node {node.node_id} was lost")
         else:
             self._check_below_min()
 
@@ -1002,7 +1001,8 @@ class JobMaster:
                 if node.state not in _GONE and silent > timeout:
                     if node.node_id in self._relaunching:  # ordered, never registered: maybe never issued
                         log.warning("node_relaunch_unanswered", node_id=node.node_id, silent_s=round(silent, 1))
-                        self._start_relaunch(node.node_id)
+                        self._start_relaunch(node.node_id, replaces=node.node_id,
+                                             reason=f"the relaunch of node {node.node_id} was not answered")
                     else:
                         self._lose(node, silent)
             if self.state.is_terminal:

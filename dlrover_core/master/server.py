@@ -45,8 +45,8 @@ from typing import Any
 import uvicorn
 
 from dlrover_core.logging import get_logger
-from dlrover_core.master.client import POLL_HOLD_MAX_S
 from dlrover_core.master.job_master import JobMaster
+from dlrover_core.protocol.client import POLL_HOLD_MAX_S
 
 __all__ = ["MasterServer"]
 

@@ -10,7 +10,7 @@ Built-ins, each a plugin module registered like any other:
 
 ==============  ======================================================================
 ``mesh``        ``("mesh", [("data", 2), ("tensor", 2)])``: a ``DeviceMesh``, first-listed
-                dimension fastest (:mod:`.mesh`, :mod:`.rules`); must come first
+                dimension fastest (:mod:`.mesh`, :mod:`dlrover_core.parallel_rules`); must come first
 ``ddp``         ``DistributedDataParallel`` over the ``data`` ranks (:mod:`.ddp`)
 ``fsdp``        FSDP2 ``fully_shard`` of ``wrap_class`` modules, then the root (:mod:`.fsdp`)
 ``amp``         ``torch.autocast`` forward, ``dtype`` bfloat16 / float16 + scaler (:mod:`.amp`)
@@ -29,7 +29,7 @@ from dlrover_core.parallel.context import (
     find_modules,
     replace_forward,
 )
-from dlrover_core.parallel.rules import auto_rule_text, check_strategies, mesh_groups
+from dlrover_core.parallel_rules import auto_rule_text, check_strategies, mesh_groups
 
 __all__ = [
     "ParallelContext",

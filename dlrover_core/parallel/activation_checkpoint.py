@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from dlrover_core.logging import get_logger
+from dlrover_core.markers import hookimpl
 from dlrover_core.parallel.context import find_modules, replace_forward
-from dlrover_core.plugins import hookimpl
 
 __all__ = ["checkpoint"]
 

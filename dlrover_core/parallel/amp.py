@@ -27,8 +27,8 @@ from typing import Any
 
 from dlrover_core.errors import JobSpecError
 from dlrover_core.logging import get_logger
+from dlrover_core.markers import hookimpl
 from dlrover_core.parallel.context import replace_forward
-from dlrover_core.plugins import hookimpl
 
 __all__ = ["amp"]
 

@@ -1,6 +1,6 @@
 """The built-in ``auto`` strategy: pick ddp, fsdp, or fsdp + activation checkpointing.
 
-The rule (its text is :func:`dlrover_core.parallel.rules.auto_rule_text`, which
+The rule (its text is :func:`dlrover_core.parallel_rules.auto_rule_text`, which
 ``Job.dryrun()`` prints), with S the training state of one replica and M one worker's
 device memory:
 
@@ -32,8 +32,8 @@ from typing import Any
 import attrs
 
 from dlrover_core.logging import get_logger
-from dlrover_core.parallel.rules import AUTO_DEFAULTS
-from dlrover_core.plugins import hookimpl
+from dlrover_core.markers import hookimpl
+from dlrover_core.parallel_rules import AUTO_DEFAULTS
 
 __all__ = ["AutoDecision", "auto", "decide", "guess_block_class", "optimizer_state_tensors"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlrover_core.plugins import hookimpl
+from dlrover_core.markers import hookimpl
 
 __all__ = ["compile_model"]
 

@@ -3,7 +3,7 @@
 ``Parallel([("mesh", [("data", 2), ("tensor", 2)]), ...])``: the first-listed dimension
 varies fastest, so ranks 0 and 1 differ in their ``data`` index and share their ``tensor``
 index (data groups ``[0, 1]``, ``[2, 3]``; tensor groups ``[0, 2]``, ``[1, 3]``; exact
-mapping in :mod:`dlrover_core.parallel.rules`). ddp and fsdp replicate / shard over the
+mapping in :mod:`dlrover_core.parallel_rules`). ddp and fsdp replicate / shard over the
 ``data`` dimension; other dimensions are for the user's (or a plugin's) tensor or pipeline
 parallelism, through :func:`dlrover_core.parallel.current_mesh`.
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 from dlrover_core.logging import get_logger
-from dlrover_core.parallel.rules import resolve_mesh_dims
-from dlrover_core.plugins import hookimpl
+from dlrover_core.markers import hookimpl
+from dlrover_core.parallel_rules import resolve_mesh_dims
 
 __all__ = ["mesh"]
 

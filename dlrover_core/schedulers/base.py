@@ -1,42 +1,31 @@
-"""The scheduler-backend interface and the plain data it exchanges with the runner."""
+"""The scheduler-backend interface and the plain data it exchanges with the runner.
+
+``JobState``, ``JobStatus`` and ``JobResult`` live in :mod:`dlrover_core.protocol` and are
+re-exported here for backend authors."""
 
 from __future__ import annotations
 
 import abc
-import enum
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, ClassVar
 
 import attrs
 
+from dlrover_core.protocol import JobResult, JobState, JobStatus, NodeRelaunch
+
 if TYPE_CHECKING:
-    from dlrover_core.result import JobResult
-    from dlrover_core.spec import Job
+    from dlrover_core.spec import JobSpec
 
 __all__ = [
     "Capabilities",
     "JobHandle",
+    "JobResult",
     "JobState",
     "JobStatus",
     "Plan",
     "ProcessSpec",
     "SchedulerBackend",
 ]
-
-
-class JobState(str, enum.Enum):
-    """Lifecycle of a job as the runner sees it."""
-
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-    UNKNOWN = "UNKNOWN"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
 
 
 @attrs.frozen(kw_only=True)
@@ -98,7 +87,7 @@ class Plan:
 
     scheduler: str
     job_id: str
-    job: Job
+    job: JobSpec
     log_dir: str
     processes: tuple[ProcessSpec, ...] = ()
     files: dict[str, str] = attrs.field(factory=dict)
@@ -139,37 +128,6 @@ class JobHandle:
         return f"{self.scheduler}://{self.job_id}"
 
 
-@attrs.frozen(kw_only=True)
-class JobStatus:
-    """A job's live status.
-
-    Attributes:
-        state: lifecycle state.
-        step: the newest step reported by rank 0 (``-1`` before the first report).
-        metrics: the newest metrics reported by rank 0.
-        nodes: nodes in the current rendezvous round.
-        max_nodes: the Job's ``nodes.max``.
-        restarts: restarts used from the job-wide budget.
-        round: current rendezvous round (0-based).
-        message: a human-readable note (the failure reason, when failed).
-        worker_pids: pid of every live worker by global rank (as the agents last reported).
-        goodput: the goodput timeline so far (``goodput``, ``wall_time_s``, ``productive_s``,
-            ``checkpoint_stall_s``, ``restore_s``, ``recomputed_s``, ``detection_s``,
-            ``restart_s``, ``rendezvous_s``, ``startup_s``, ``other_s``).
-    """
-
-    state: JobState
-    step: int = -1
-    metrics: dict[str, float] = attrs.field(factory=dict)
-    nodes: int = 0
-    max_nodes: int = 0
-    restarts: int = 0
-    round: int = -1
-    message: str = ""
-    worker_pids: dict[int, int] = attrs.field(factory=dict)
-    goodput: dict[str, float] = attrs.field(factory=dict)
-
-
 class SchedulerBackend(abc.ABC):
     """Runs the master and one agent per node somewhere, registered through
     ``dlrover_register_schedulers``. Every method but ``dryrun`` may have side effects;
@@ -178,7 +136,7 @@ class SchedulerBackend(abc.ABC):
     name: ClassVar[str]
     capabilities: ClassVar[Capabilities] = Capabilities()
 
-    def check(self, job: Job) -> None:
+    def check(self, job: JobSpec) -> None:
         """Raise :class:`~dlrover_core.errors.JobSpecError` if ``job`` needs a capability
         this backend lacks."""
         from dlrover_core.errors import JobSpecError
@@ -191,7 +149,7 @@ class SchedulerBackend(abc.ABC):
             )
 
     @abc.abstractmethod
-    def dryrun(self, job: Job) -> Plan:
+    def dryrun(self, job: JobSpec) -> Plan:
         """Build the exact native request for ``job``. Pure: starts and writes nothing."""
 
     @abc.abstractmethod
@@ -212,8 +170,9 @@ class SchedulerBackend(abc.ABC):
         """Stop the job and remove everything it started. Idempotent."""
 
     @abc.abstractmethod
-    def relaunch_node(self, handle: JobHandle, node_id: int) -> None:
-        """Start a replacement for node ``node_id`` (its agent)."""
+    def relaunch_node(self, handle: JobHandle, request: NodeRelaunch) -> None:
+        """Start an agent for ``request.node_id``, replacing ``request.replaces`` (the same id
+        when a node is replaced in place; another when an excluded node gets a successor)."""
 
     def supervise(self, handle: JobHandle) -> None:
         """Keep the job's control plane alive (called regularly while a runner waits): e.g.
@@ -221,4 +180,4 @@ class SchedulerBackend(abc.ABC):
 
     @abc.abstractmethod
     def result(self, handle: JobHandle) -> JobResult | None:
-        """The final :class:`~dlrover_core.result.JobResult`, or ``None`` while running."""
+        """The final :class:`~dlrover_core.protocol.JobResult`, or ``None`` while running."""

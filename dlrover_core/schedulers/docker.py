@@ -62,17 +62,11 @@ from dlrover_core.agent.launch import preview_workers
 from dlrover_core.errors import JobSpecError, SchedulerError
 from dlrover_core.fileio import write_atomic
 from dlrover_core.logging import get_logger
-from dlrover_core.plugins import get_host, hookimpl
-from dlrover_core.result import JobResult
-from dlrover_core.schedulers.base import (
-    Capabilities,
-    JobHandle,
-    JobState,
-    JobStatus,
-    Plan,
-    SchedulerBackend,
-)
-from dlrover_core.spec import Job
+from dlrover_core.markers import hookimpl
+from dlrover_core.plugins import get_host
+from dlrover_core.protocol import JobResult, JobState, JobStatus
+from dlrover_core.schedulers.base import Capabilities, JobHandle, Plan, SchedulerBackend
+from dlrover_core.spec import JobSpec
 
 if TYPE_CHECKING:
     import docker
@@ -139,7 +133,7 @@ def parse_size(text: str) -> int:
         raise ValueError(f"{text!r} is not a size like 8g, 512m or a number of bytes") from None
 
 
-def shm_size_bytes(job: Job, nproc: int, environ: dict[str, str] | None = None) -> int:
+def shm_size_bytes(job: JobSpec, nproc: int, environ: dict[str, str] | None = None) -> int:
     """/dev/shm size of an agent container, in bytes.
 
     Flash Checkpoint keeps two snapshot slots per rank in /dev/shm, each as large as the
@@ -214,7 +208,7 @@ def _merge_mounts(mounts: list[tuple[str, bool]]) -> list[tuple[str, bool]]:
     return kept
 
 
-def _arg_paths(job: Job) -> list[str]:
+def _arg_paths(job: JobSpec) -> list[str]:
     """Absolute paths among the job's arguments (``--x=/p`` too): the path if it exists, else
     its parent if that exists."""
     out = []
@@ -392,7 +386,7 @@ class DockerScheduler(SchedulerBackend):
 
     # ----- plan (pure) --------------------------------------------------------------------
 
-    def dryrun(self, job: Job) -> Plan:
+    def dryrun(self, job: JobSpec) -> Plan:
         self.check(job)
         accelerator = get_host().create_accelerator(job.accelerator)
         if accelerator.name != "cpu":

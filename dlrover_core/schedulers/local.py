@@ -37,20 +37,13 @@ from dlrover_core.checkpoint.shm import remove_segments
 from dlrover_core.errors import SchedulerError
 from dlrover_core.fileio import write_atomic
 from dlrover_core.logging import get_logger
-from dlrover_core.plugins import get_host, hookimpl
+from dlrover_core.markers import hookimpl
+from dlrover_core.plugins import get_host
 from dlrover_core.proctree import kill_trees
-from dlrover_core.result import JobResult
-from dlrover_core.schedulers.base import (
-    Capabilities,
-    JobHandle,
-    JobState,
-    JobStatus,
-    Plan,
-    ProcessSpec,
-    SchedulerBackend,
-)
+from dlrover_core.protocol import JobResult, JobState, JobStatus
+from dlrover_core.schedulers.base import Capabilities, JobHandle, Plan, ProcessSpec, SchedulerBackend
 from dlrover_core.schedulers.logtail import tail_logs
-from dlrover_core.spec import Job
+from dlrover_core.spec import JobSpec
 
 __all__ = ["LocalScheduler"]
 
@@ -89,7 +82,7 @@ class LocalScheduler(SchedulerBackend):
 
     # ----- plan --------------------------------------------------------------------------
 
-    def dryrun(self, job: Job) -> Plan:
+    def dryrun(self, job: JobSpec) -> Plan:
         self.check(job)
         accelerator = get_host().create_accelerator(job.accelerator)
         nproc = job.nodes.nproc_per_node

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from dlrover_core.plugins import hookimpl
+from dlrover_core.markers import hookimpl
 from dlrover_core.storage.base import CheckpointStorage
 
 __all__ = ["PosixStorage"]

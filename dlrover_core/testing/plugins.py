@@ -8,7 +8,8 @@ from typing import Any
 
 from dlrover_core import plugins as _plugins
 from dlrover_core.errors import PluginError
-from dlrover_core.plugins import PluginHost, PluginInfo, get_host, hookimpl
+from dlrover_core.markers import hookimpl
+from dlrover_core.plugins import PluginHost, PluginInfo, get_host
 from dlrover_core.testing.scheduler import RecordingScheduler
 from dlrover_core.testing.storage import InMemoryStorage
 

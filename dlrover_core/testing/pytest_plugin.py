@@ -45,7 +45,8 @@ def make_job(tmp_path) -> Any:
     ``workdir``/``log_dir``/``checkpoint.dir`` under ``tmp_path``. Any Job field may be given;
     names (scheduler, storage, optimizer...) are checked against the current plugin host.
     """
-    from dlrover_core.spec import Checkpoint, Job
+    from dlrover_core import Job
+    from dlrover_core.spec import Checkpoint
 
     def make(**fields: Any) -> Job:
         script = tmp_path / "train.py"

@@ -9,11 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
-from dlrover_core.schedulers.base import Capabilities, JobHandle, JobState, JobStatus, Plan, SchedulerBackend
+from dlrover_core.protocol import JobState, JobStatus
+from dlrover_core.schedulers.base import Capabilities, JobHandle, Plan, SchedulerBackend
 
 if TYPE_CHECKING:
-    from dlrover_core.result import JobResult
-    from dlrover_core.spec import Job
+    from dlrover_core.protocol import JobResult
+    from dlrover_core.spec import JobSpec
 
 __all__ = ["RecordingScheduler"]
 
@@ -31,7 +32,7 @@ class RecordingScheduler(SchedulerBackend):
 
     A submitted job ends at once in :attr:`final_state` (``SUCCEEDED``; set it to
     ``FAILED`` to see how code reacts to a failed job), so ``job.run()`` returns a
-    :class:`~dlrover_core.result.JobResult` immediately. It declares every capability;
+    :class:`~dlrover_core.protocol.JobResult` immediately. It declares every capability;
     subclass it with other :attr:`capabilities` to test capability checks.
     :meth:`reset` clears the records (the ``dlrover_host`` fixture calls it).
     """
@@ -58,7 +59,7 @@ class RecordingScheduler(SchedulerBackend):
                 records.clear()
             cls.final_state = JobState.SUCCEEDED
 
-    def dryrun(self, job: Job) -> Plan:
+    def dryrun(self, job: JobSpec) -> Plan:
         self.check(job)
         with self._lock:
             job_id = f"{job.name}-{next(self._ids):04d}"
@@ -97,7 +98,7 @@ class RecordingScheduler(SchedulerBackend):
             self.relaunched.append((handle, node_id))
 
     def result(self, handle: JobHandle) -> JobResult | None:
-        from dlrover_core.result import JobResult
+        from dlrover_core.protocol import JobResult
 
         plan = self._plan(handle)
         if plan is None:

@@ -74,6 +74,6 @@ def current_job() -> Any:
     raw = os.environ.get(env.JOB_SPEC)
     if not raw:
         return None
-    from dlrover_core.spec import Job
+    from dlrover_core.spec import JobSpec
 
-    return Job.from_dict(json.loads(raw))
+    return JobSpec.from_dict(json.loads(raw))

@@ -16,7 +16,7 @@ from pathlib import Path
 import attrs
 
 from dlrover_core.errors import DLRoverError
-from dlrover_core.spec import Job
+from dlrover_core.spec import JobSpec
 from dlrover_plugin_k8s._scheduler import K8sScheduler
 
 
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     namespace = runpy.run_path(args.job_file, run_name="__dlrover_render__")
     job = namespace.get("job")
-    if not isinstance(job, Job):
+    if not isinstance(job, JobSpec):
         parser.error(f"{args.job_file} must define `job = Job(...)`")
     try:
         plan = K8sScheduler().dryrun(attrs.evolve(job, scheduler="k8s"))

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 from dlrover_core.errors import DLRoverError, SchedulerError
 from dlrover_core.logging import get_logger
-from dlrover_core.spec import Job
+from dlrover_core.spec import JobSpec
 from dlrover_plugin_k8s._api import KubeApi
 from dlrover_plugin_k8s._manifests import ANNOTATION_DETAIL, ANNOTATION_KIND, ANNOTATION_REPLACES
 from dlrover_plugin_k8s._workers import (
@@ -65,10 +65,10 @@ class MasterLink(Protocol):
 
 
 class HttpMasterLink:
-    """:class:`MasterLink` over the master's HTTP API (``dlrover_core.master.client``)."""
+    """:class:`MasterLink` over the master's HTTP API (``dlrover_core.protocol.client``)."""
 
     def __init__(self, addr: str) -> None:
-        from dlrover_core.master.client import MasterClient
+        from dlrover_core.protocol.client import MasterClient
         from dlrover_core.retry import rpc_retrying
 
         self._client = MasterClient(addr, timeout_s=3.0, retrying=lambda: rpc_retrying(attempts=2, max_total_s=5.0))
@@ -101,7 +101,7 @@ class PodController:
         master: the job master, or ``None`` to decide without it.
     """
 
-    def __init__(self, *, api: KubeApi, namespace: str, job_id: str, job: Job, master: MasterLink | None) -> None:
+    def __init__(self, *, api: KubeApi, namespace: str, job_id: str, job: JobSpec, master: MasterLink | None) -> None:
         self.api = api
         self.namespace = namespace
         self.job_id = job_id
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     configure()
     config = K8sConfig.from_env()
     namespace = os.environ.get("DLROVER_K8S_NAMESPACE") or config.namespace
-    job = Job.from_dict(json.loads(os.environ[env.JOB_SPEC]))
+    job = JobSpec.from_dict(json.loads(os.environ[env.JOB_SPEC]))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

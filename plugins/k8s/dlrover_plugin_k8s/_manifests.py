@@ -38,7 +38,7 @@ import attrs
 import yaml
 
 from dlrover_core import env
-from dlrover_core.spec import Job
+from dlrover_core.spec import JobSpec
 from dlrover_plugin_k8s._config import K8sConfig
 
 __all__ = [
@@ -115,7 +115,7 @@ class Names:
         return f"{self.service}.{namespace}.svc:{port}"
 
 
-def shm_size_mb(job: Job, nproc: int | str, config: K8sConfig) -> int:
+def shm_size_mb(job: JobSpec, nproc: int | str, config: K8sConfig) -> int:
     """sizeLimit of the /dev/shm volume of a worker pod, in MiB.
 
     The rule: Flash Checkpoint keeps two snapshot slots per rank in /dev/shm, each as large
@@ -188,7 +188,7 @@ def dump_yaml(*documents: dict[str, Any]) -> str:
                          for d in documents)
 
 
-def render(job: Job, *, job_id: str, accelerator: Any, nproc: int | str, config: K8sConfig) -> Manifests:
+def render(job: JobSpec, *, job_id: str, accelerator: Any, nproc: int | str, config: K8sConfig) -> Manifests:
     """The job's objects. Pure.
 
     Args:

@@ -27,21 +27,14 @@ from typing import Any
 import attrs
 import yaml
 
-from dlrover_core import env
+from dlrover_core import env, hookimpl
 from dlrover_core.agent.launch import preview_workers
 from dlrover_core.errors import JobSpecError, SchedulerError
 from dlrover_core.logging import get_logger
-from dlrover_core.plugins import get_host, hookimpl
-from dlrover_core.result import JobResult
-from dlrover_core.schedulers.base import (
-    Capabilities,
-    JobHandle,
-    JobState,
-    JobStatus,
-    Plan,
-    SchedulerBackend,
-)
-from dlrover_core.spec import Job
+from dlrover_core.plugins import get_host
+from dlrover_core.protocol import JobResult, JobState, JobStatus
+from dlrover_core.schedulers.base import Capabilities, JobHandle, Plan, SchedulerBackend
+from dlrover_core.spec import JobSpec
 from dlrover_core.storage.posix import PosixStorage
 from dlrover_plugin_k8s._api import TRANSIENT_STATUSES, K8sApiError, KubeApi
 from dlrover_plugin_k8s._config import ENV, K8sConfig
@@ -126,7 +119,7 @@ class K8sScheduler(SchedulerBackend):
 
     # ----- plan --------------------------------------------------------------------------
 
-    def dryrun(self, job: Job) -> Plan:
+    def dryrun(self, job: JobSpec) -> Plan:
         """The job's manifests (``Plan.files``): ``manifests.yaml`` (everything ``kubectl
         apply -f`` needs), ``master-pod.yaml`` and ``worker-pod.yaml`` (the template the
         master's controller makes every worker pod from). Pure: reads the environment,
@@ -157,7 +150,7 @@ class K8sScheduler(SchedulerBackend):
         return Plan(scheduler=self.name, job_id=job_id, job=job, log_dir=str(Path(job.log_dir) / job_id),
                     files=files, workers=self._preview(job, job_id, accelerator, nproc, manifests.master_pod))
 
-    def _check_checkpoint_shared(self, job: Job) -> None:
+    def _check_checkpoint_shared(self, job: JobSpec) -> None:
         """Refuse a checkpoint directory that the pods would not share.
 
         A filesystem storage (``posix``, or one extending it) writes ``Checkpoint.dir`` inside
@@ -186,7 +179,7 @@ class K8sScheduler(SchedulerBackend):
             f"Checkpoint(memory_every_steps=0, persist_every_steps=0)",
         )
 
-    def _preview(self, job: Job, job_id: str, accelerator: Any, nproc: int | str, master_pod: dict) -> tuple:
+    def _preview(self, job: JobSpec, job_id: str, accelerator: Any, nproc: int | str, master_pod: dict) -> tuple:
         """The first round's workers, as the agents will start them inside their pods."""
         if nproc == "auto":
             return ()

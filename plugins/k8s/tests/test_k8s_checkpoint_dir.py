@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dlrover_core import Job, hookimpl
 from dlrover_core.errors import JobSpecError
-from dlrover_core.plugins import get_host, hookimpl, reset_host
-from dlrover_core.spec import Checkpoint, Job
+from dlrover_core.plugins import get_host, reset_host
+from dlrover_core.spec import Checkpoint
 from dlrover_core.storage.base import CheckpointStorage
 from dlrover_core.storage.posix import PosixStorage
 from dlrover_plugin_k8s import K8sConfig, K8sScheduler

@@ -12,10 +12,11 @@ import pytest
 import structlog
 from k8s_emulator import IMAGE, NAMESPACE
 
+from dlrover_core import Job
 from dlrover_core.errors import SchedulerError
-from dlrover_core.result import JobResult
-from dlrover_core.schedulers.base import JobHandle, JobState
-from dlrover_core.spec import Failure, Job
+from dlrover_core.protocol import JobResult, JobState
+from dlrover_core.schedulers.base import JobHandle
+from dlrover_core.spec import Failure
 from dlrover_plugin_k8s import RESULT_MARKER, K8sApiError, K8sConfig, K8sScheduler, PodController
 from dlrover_plugin_k8s._manifests import ANNOTATION_DETAIL, ANNOTATION_KIND, ANNOTATION_REPLACES, Names
 

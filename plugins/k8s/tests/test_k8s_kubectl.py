@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from k8s_emulator import IMAGE, NAMESPACE
 
+from dlrover_core import Job
 from dlrover_core.schedulers.base import JobHandle
-from dlrover_core.spec import Job
 from dlrover_plugin_k8s import K8sConfig, K8sScheduler, Names, PodController
 
 ROOT = Path(__file__).resolve().parents[3]

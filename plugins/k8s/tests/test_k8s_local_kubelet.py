@@ -29,10 +29,11 @@ import psutil
 import pytest
 from k8s_emulator import NAMESPACE
 
+from dlrover_core import Job
 from dlrover_core.checkpoint.shm import remove_segments
+from dlrover_core.protocol import JobState
 from dlrover_core.runner import JobRun
-from dlrover_core.schedulers.base import JobState
-from dlrover_core.spec import Checkpoint, Failure, Job
+from dlrover_core.spec import Checkpoint, Failure
 from dlrover_plugin_k8s import K8sConfig, K8sScheduler, Names
 
 ROOT = Path(__file__).resolve().parents[3]

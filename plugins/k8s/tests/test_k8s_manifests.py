@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dlrover_core import Job, hookimpl
 from dlrover_core.accelerators.base import Accelerator, DeviceReport
 from dlrover_core.errors import JobSpecError, SchedulerError
 from dlrover_core.master.failures import describe
-from dlrover_core.plugins import get_host, hookimpl, reset_host
-from dlrover_core.spec import Checkpoint, Job, Nodes
+from dlrover_core.plugins import get_host, reset_host
+from dlrover_core.spec import Checkpoint, Nodes
 from dlrover_plugin_k8s import K8sConfig, K8sScheduler, classify, shm_size_mb, worker_pod
 
 kubernetes_validate = pytest.importorskip(

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dlrover_core.schedulers.base import JobState
-from dlrover_core.spec import Checkpoint, Job
+from dlrover_core import Job
+from dlrover_core.protocol import JobState
+from dlrover_core.spec import Checkpoint
 from dlrover_plugin_k8s import K8sConfig, K8sScheduler, worker_pod
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dlrover_core.plugins import hookimpl
+from dlrover_core import hookimpl
 
 __all__ = ["agd", "dlrover_register_optimizers"]
 

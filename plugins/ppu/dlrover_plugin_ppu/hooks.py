@@ -6,7 +6,7 @@ when it runs.
 
 from __future__ import annotations
 
-from dlrover_core.plugins import hookimpl
+from dlrover_core import hookimpl
 from dlrover_plugin_ppu._accelerator import PpuAccelerator
 
 __all__ = ["dlrover_register_accelerators"]

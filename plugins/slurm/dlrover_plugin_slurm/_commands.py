@@ -22,8 +22,8 @@ import attrs
 
 from dlrover_core.errors import SchedulerError, TransientError
 from dlrover_core.logging import get_logger
+from dlrover_core.protocol import JobState
 from dlrover_core.retry import rpc_retrying
-from dlrover_core.schedulers.base import JobState
 
 __all__ = [
     "SLURM_JOB_STATES",

@@ -34,23 +34,16 @@ from typing import Any
 import attrs
 import httpx
 
-from dlrover_core import env
+from dlrover_core import env, hookimpl
 from dlrover_core.checkpoint.shm import remove_segments
 from dlrover_core.errors import JobSpecError, SchedulerError, TransientError
 from dlrover_core.fileio import write_atomic
 from dlrover_core.logging import get_logger
-from dlrover_core.plugins import get_host, hookimpl
-from dlrover_core.result import JobResult
-from dlrover_core.schedulers.base import (
-    Capabilities,
-    JobHandle,
-    JobState,
-    JobStatus,
-    Plan,
-    SchedulerBackend,
-)
+from dlrover_core.plugins import get_host
+from dlrover_core.protocol import JobResult, JobState, JobStatus
+from dlrover_core.schedulers.base import Capabilities, JobHandle, Plan, SchedulerBackend
 from dlrover_core.schedulers.logtail import tail_logs
-from dlrover_core.spec import Job
+from dlrover_core.spec import JobSpec
 from dlrover_plugin_slurm._commands import SlurmCli, SlurmJob, slurm_env
 from dlrover_plugin_slurm._script import node_task_argv, render_sbatch
 
@@ -94,7 +87,7 @@ class SlurmScheduler(SchedulerBackend):
 
     # ----- plan --------------------------------------------------------------------------
 
-    def _gres(self, job: Job) -> str | None:
+    def _gres(self, job: JobSpec) -> str | None:
         """``--gres`` for the job's accelerator (``gpu:8``), from its ``slurm_gres``; none for
         cpu or ``"auto"`` (probed on each node; name the accelerator to request devices). The
         submitting machine is not probed: it need not have the devices."""
@@ -110,7 +103,7 @@ class SlurmScheduler(SchedulerBackend):
                                                               f"{job.accelerator!r}: it is the count in --gres={gres}:N")
         return f"{gres}:{int(nproc)}"
 
-    def dryrun(self, job: Job) -> Plan:
+    def dryrun(self, job: JobSpec) -> Plan:
         self.check(job)
         job = attrs.evolve(job, workdir=str(Path(job.workdir).resolve()), log_dir=str(Path(job.log_dir).resolve()))
         gres = self._gres(job)

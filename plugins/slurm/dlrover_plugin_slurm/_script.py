@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from dlrover_core import env
 from dlrover_core.errors import JobSpecError
-from dlrover_core.spec import Job
+from dlrover_core.spec import JobSpec
 
 __all__ = ["MASTER_RESTARTS", "WARN_S", "agent_argv", "node_task_argv", "render_sbatch"]
 
@@ -65,7 +65,7 @@ def _join(argv: Sequence[str], raw: Sequence[str] = ()) -> str:
 
 
 def render_sbatch(
-    job: Job,
+    job: JobSpec,
     *,
     job_id: str,
     log_dir: str,

@@ -160,7 +160,7 @@ def test_on_slurm_a_sigkilled_agents_memory_is_removed_on_its_node(slurm_cluster
     declared the node lost (heartbeat timeout 8 s), so not by a relaunched agent of node 1,
     nor by anything on the submitting side. The relaunched agent runs under the task too."""
     from dlrover_core import Job
-    from dlrover_core.schedulers.base import JobState
+    from dlrover_core.protocol import JobState
     from dlrover_core.spec import Checkpoint, Failure
 
     tiny = Path(__file__).resolve().parents[3] / "tests" / "scripts" / "tiny_train.py"

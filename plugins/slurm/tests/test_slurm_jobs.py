@@ -16,8 +16,9 @@ import pytest
 
 from dlrover_core import Job
 from dlrover_core.checkpoint.shm import SHM_DIR
+from dlrover_core.protocol import JobState
 from dlrover_core.runner import JobRun
-from dlrover_core.schedulers.base import JobHandle, JobState
+from dlrover_core.schedulers.base import JobHandle
 from dlrover_core.spec import Checkpoint, Failure
 from dlrover_plugin_slurm import SlurmScheduler
 

@@ -19,7 +19,8 @@ import pytest
 from structlog.testing import capture_logs
 
 from dlrover_core.errors import SchedulerError
-from dlrover_core.schedulers.base import JobHandle, JobState
+from dlrover_core.protocol import JobState
+from dlrover_core.schedulers.base import JobHandle
 from dlrover_plugin_slurm import SLURM_JOB_STATES, SlurmCli, SlurmScheduler, map_state, parse_sacct, parse_squeue
 from dlrover_plugin_slurm._commands import parse_node_states, slurm_env
 

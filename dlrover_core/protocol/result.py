@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 import cattrs
 
-from dlrover_core.schedulers.base import JobState
+from dlrover_core.protocol.status import JobState
 
 __all__ = ["FailureRecord", "JobResult", "JobState"]
 

@@ -1,0 +1,140 @@
+"""A job's state as the master reports it and as the runner shows it.
+
+:class:`MasterStatus` is the master's ``GET /v1/status`` answer; :meth:`MasterStatus.to_job_status`
+is the one mapping to the runner's :class:`JobStatus` every scheduler backend uses.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import attrs
+
+from dlrover_core.protocol.codec import decode
+
+__all__ = ["JobState", "JobStatus", "MasterStatus", "NodeRow"]
+
+
+class JobState(str, enum.Enum):
+    """Lifecycle of a job as the runner sees it."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    UNKNOWN = "UNKNOWN"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+
+@attrs.frozen(kw_only=True)
+class JobStatus:
+    """A job's live status.
+
+    Attributes:
+        state: lifecycle state.
+        step: the newest step reported by rank 0 (``-1`` before the first report).
+        metrics: the newest metrics reported by rank 0.
+        nodes: nodes in the current rendezvous round.
+        max_nodes: the Job's ``nodes.max``.
+        restarts: restarts used from the job-wide budget.
+        round: current rendezvous round (0-based).
+        message: a human-readable note (the failure reason, when failed).
+        worker_pids: pid of every live worker by global rank (as the agents last reported).
+        goodput: the goodput timeline so far (``goodput``, ``wall_time_s``, ``productive_s``,
+            ``checkpoint_stall_s``, ``restore_s``, ``recomputed_s``, ``detection_s``,
+            ``restart_s``, ``rendezvous_s``, ``startup_s``, ``other_s``).
+    """
+
+    state: JobState
+    step: int = -1
+    metrics: dict[str, float] = attrs.field(factory=dict)
+    nodes: int = 0
+    max_nodes: int = 0
+    restarts: int = 0
+    round: int = -1
+    message: str = ""
+    worker_pids: dict[int, int] = attrs.field(factory=dict)
+    goodput: dict[str, float] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class NodeRow:
+    """One node of the master's node table, as ``/v1/status`` shows it.
+
+    Attributes:
+        node_id: the node's id (``--node-id`` of its agent).
+        host: the agent's host name.
+        pid: the agent's process id on that host (0: not registered).
+        state: ``"joining"``, ``"running"``, ``"failed"``, ``"excluded"``, ``"lost"``...
+        round: the rendezvous round the node last joined (-1: none).
+        workers: pid of each live worker by global rank.
+        steps: newest step each worker reported, by global rank.
+        failures: worker failures counted against this node.
+        relaunches: times the node was replaced.
+        token: fencing token of the node's current agent (0: none registered yet).
+    """
+
+    node_id: int
+    host: str = ""
+    pid: int = 0
+    state: str = ""
+    round: int = -1
+    workers: dict[int, int] = attrs.field(factory=dict)
+    steps: dict[int, int] = attrs.field(factory=dict)
+    failures: int = 0
+    relaunches: int = 0
+    token: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class MasterStatus:
+    """The master's live status (``GET /v1/status``).
+
+    Attributes:
+        job_id: the run's id.
+        state: lifecycle state.
+        message: the failure reason, what the job waits for, or a storage warning ("" when none).
+        step: newest step reported by rank 0 (-1 before the first report).
+        metrics: newest metrics reported by rank 0.
+        nodes: live members of the running round.
+        max_nodes: the Job's ``nodes.max``.
+        restarts: restarts used from the job-wide budget.
+        round: current rendezvous round (-1 before the first).
+        elapsed_s: seconds since the master started.
+        node_table: every node the master knows.
+        goodput: the goodput timeline so far (see :class:`JobStatus`).
+    """
+
+    job_id: str = ""
+    state: JobState
+    message: str = ""
+    step: int = -1
+    metrics: dict[str, float] = attrs.field(factory=dict)
+    nodes: int = 0
+    max_nodes: int = 0
+    restarts: int = 0
+    round: int = -1
+    elapsed_s: float = 0.0
+    node_table: tuple[NodeRow, ...] = ()
+    goodput: dict[str, float] = attrs.field(factory=dict)
+
+    def to_job_status(self, worker_pids: dict[int, int] | None = None) -> JobStatus:
+        """The runner's view. ``worker_pids`` replaces the pids the agents reported (a
+        backend whose workers live in another pid namespace maps them to the host's)."""
+        pids = {rank: pid for n in self.node_table for rank, pid in n.workers.items()}
+        return JobStatus(
+            state=self.state, step=self.step, metrics=dict(self.metrics), nodes=self.nodes,
+            max_nodes=self.max_nodes, restarts=self.restarts, round=self.round, message=self.message,
+            worker_pids=pids if worker_pids is None else worker_pids, goodput=dict(self.goodput),
+        )
+
+    @classmethod
+    def from_wire(cls, data: Any) -> MasterStatus:
+        """Decode a ``/v1/status`` answer (raises ProtocolError when malformed)."""
+        return decode(cls, data)

@@ -1,0 +1,70 @@
+"""``Job.validate()``: what a plain-data spec cannot check by itself.
+
+A :class:`~dlrover_core.spec.JobSpec` checks its own fields when it is built. Whether its
+backend names are installed, its workdir exists and its entrypoint can be found depends on
+the machine it is checked on, so that is done here, once, before a job is planned (by
+``Job.validate()``, ``dryrun``, ``run``, ``submit`` and the ``dlrover`` commands), never when
+the master, an agent or a worker decodes the spec.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from dlrover_core.errors import KNOWN_PLUGIN_PACKAGES, JobSpecError
+from dlrover_core.plugins import get_host
+from dlrover_core.spec import MODULE_PATTERN, JobSpec
+
+__all__ = ["validate_job"]
+
+
+def validate_job(job: JobSpec) -> None:
+    """Check ``job`` against this machine: backend names against the installed plugins,
+    ``workdir`` and ``entrypoint`` against the filesystem, ``scheduler_options`` against
+    what the scheduler backend declares.
+
+    Raises:
+        JobSpecError: names the field, the value and the fix (the plugin package to install,
+            the directory looked in, the options the backend knows).
+    """
+    workdir = Path(job.workdir)
+    if not workdir.is_dir():
+        raise JobSpecError("workdir", job.workdir, "an existing directory")
+    _check_entrypoint(job.entrypoint, workdir)
+    _check_name("scheduler", job.scheduler, "scheduler")
+    if job.accelerator != "auto":
+        _check_name("accelerator", job.accelerator, "accelerator")
+    _check_name("checkpoint.storage", job.checkpoint.storage, "storage")
+    _check_name("optimizer.name", job.optimizer.name, "optimizer")
+    for i, (name, _) in enumerate(job.parallel.strategies if job.parallel else ()):
+        _check_name(f"parallel.strategies[{i}]", name, "parallel_strategy")
+    backend = get_host().registries.scheduler.get(job.scheduler)
+    check_options = getattr(backend, "check_options", None)
+    if check_options is not None:
+        check_options(job.scheduler_options)
+
+
+def _check_entrypoint(ep: str, workdir: Path) -> None:
+    if ep.endswith(".py") or "/" in ep:
+        if not (workdir / ep).is_file():
+            raise JobSpecError("entrypoint", ep, f"an existing script (looked in workdir {str(workdir)!r})")
+        return
+    if not MODULE_PATTERN.fullmatch(ep):
+        raise JobSpecError("entrypoint", ep, "a script path, 'pkg.module' or 'pkg.module:function'")
+    module = ep.split(":")[0]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise JobSpecError("entrypoint", ep, f"an importable module; {module!r} was not found on sys.path")
+
+
+def _check_name(field: str, name: str, kind: str) -> None:
+    known = get_host().registries.of(kind).names()
+    if name not in known:
+        package = KNOWN_PLUGIN_PACKAGES.get((kind, name))
+        fix = (f"pip install {package} (the plugin package that provides {name!r})" if package else
+               f"install the plugin that provides {name!r}")
+        raise JobSpecError(field, name, f"one of the registered {kind}s: {', '.join(known) or 'none'}; or {fix}")

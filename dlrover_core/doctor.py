@@ -10,12 +10,14 @@ priority (:meth:`dlrover_core.plugins.PluginHost.create_accelerator`).
 from __future__ import annotations
 
 import concurrent.futures
+import time
 from typing import Any
 
 import attrs
 
 from dlrover_core.accelerators.base import DeviceReport
 from dlrover_core.errors import KNOWN_PLUGIN_PACKAGES
+from dlrover_core.plugins import get_host
 
 __all__ = ["Diagnosis", "ProbeResult", "diagnose", "PROBE_DEADLINE_S"]
 
@@ -85,8 +87,6 @@ class Diagnosis:
 
 
 def _probe(cls: Any) -> tuple[DeviceReport, float]:
-    import time
-
     start = time.perf_counter()
     try:
         report = cls().probe()
@@ -106,8 +106,6 @@ def diagnose(host: Any = None, *, deadline_s: float = PROBE_DEADLINE_S) -> Diagn
         A :class:`Diagnosis`. Never raises for a failing probe.
     """
     if host is None:
-        from dlrover_core.plugins import get_host
-
         host = get_host()
     entries = host.registries.accelerator.entries()
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(entries)), thread_name_prefix="doctor")

@@ -17,6 +17,7 @@ with the dimensions reversed).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -211,8 +212,6 @@ def auto_rule_text(options: Mapping[str, Any] | None = None) -> str:
 
 def describe(strategies: Sequence[tuple[str, Mapping[str, Any]]]) -> list[str]:
     """One line per strategy for ``Job.dryrun()``'s plan text."""
-    import json
-
     lines = []
     for name, options in strategies:
         if name == "mesh":

@@ -14,7 +14,7 @@ import tenacity
 
 from dlrover_core.errors import TransientError
 
-__all__ = ["RETRYABLE_RPC_ERRORS", "master_retrying", "rpc_retrying", "storage_retrying"]
+__all__ = ["RETRYABLE_RPC_ERRORS", "api_retrying", "master_retrying", "rpc_retrying", "storage_retrying"]
 
 #: Errors of a master RPC that a retry may cure: connection refused or reset, a timeout,
 #: or a 5xx answer (raised by the client as TransientError).
@@ -69,6 +69,40 @@ def storage_retrying(
         stop=tenacity.stop_after_attempt(attempts),
         wait=tenacity.wait_exponential(multiplier=initial_wait_s, max=max_wait_s),
         retry=tenacity.retry_if_exception_type(OSError),
+        sleep=sleep,
+        reraise=True,
+    )
+
+
+def api_retrying(
+    transient: Callable[[BaseException], bool],
+    *,
+    attempts: int = 5,
+    max_total_s: float = 30.0,
+    initial_wait_s: float = 0.2,
+    max_wait_s: float = 5.0,
+    wait: Callable[[tenacity.wait.wait_base], tenacity.wait.wait_base] | None = None,
+    before_sleep: Callable[[tenacity.RetryCallState], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tenacity.Retrying:
+    """Policy for a scheduler backend's calls to its platform (the Docker engine, the
+    Kubernetes API, Slurm's commands): retry the errors ``transient`` accepts, at most
+    ``attempts`` tries or ``max_total_s`` seconds, waiting exponentially with jitter from
+    ``initial_wait_s`` up to ``max_wait_s``; re-raise the last error.
+
+    Args:
+        transient: says whether an error is worth retrying (a 5xx answer, a refused
+            connection...); every other error is raised at once.
+        wait: wraps the exponential wait (e.g. to honour a ``Retry-After`` header).
+        before_sleep: called before each wait (a log line).
+    """
+    backoff: tenacity.wait.wait_base = (tenacity.wait_exponential(multiplier=initial_wait_s, max=max_wait_s)
+                                        + tenacity.wait_random(0, initial_wait_s))
+    return tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(attempts) | tenacity.stop_after_delay(max_total_s),
+        wait=wait(backoff) if wait is not None else backoff,
+        retry=tenacity.retry_if_exception(transient),
+        before_sleep=before_sleep,
         sleep=sleep,
         reraise=True,
     )

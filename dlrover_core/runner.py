@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
+import attrs
 from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from dlrover_core.errors import SchedulerError
+from dlrover_core import env
+from dlrover_core.errors import JobSpecError, SchedulerError
 from dlrover_core.fileio import write_atomic
 from dlrover_core.logging import get_logger
 from dlrover_core.plugins import get_host
@@ -45,10 +49,6 @@ def submit(job: JobSpec, *, detach: bool = False) -> JobRun:
     running behind a crashed script); ``detach=True`` lets it outlive this process
     (``dlrover submit``), to be followed with ``dlrover status|logs|cancel``.
     """
-    import attrs
-
-    from dlrover_core import env
-
     validate_job(job)
     backend = _backend(job)
     plan = backend.dryrun(job)
@@ -70,8 +70,6 @@ def check_checkpoint_storage(job: JobSpec) -> None:
     Raises:
         JobSpecError: names ``checkpoint.dir``, the storage's error and the fix.
     """
-    from dlrover_core.errors import JobSpecError
-
     storage = get_host().registries.storage.get(job.checkpoint.storage)(job.checkpoint.dir)
     try:
         storage.check_writable()
@@ -88,9 +86,6 @@ HANDLE_FILE = "job.json"
 
 def save_handle(handle: JobHandle) -> None:
     """Write ``handle`` to ``<log_dir>/job.json`` (atomically), for ``dlrover status|logs|cancel``."""
-    import json
-    from pathlib import Path
-
     path = Path(handle.log_dir) / HANDLE_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps({"scheduler": handle.scheduler, "job_id": handle.job_id, "log_dir": handle.log_dir,
@@ -103,9 +98,6 @@ def find_job(job_id: str, log_dir: str = "dlrover-runs") -> JobRun:
     Raises:
         SchedulerError: no such job under ``log_dir``, or its handle file is unreadable.
     """
-    import json
-    from pathlib import Path
-
     path = Path(log_dir) / job_id / HANDLE_FILE
     if not path.is_file():
         raise SchedulerError(f"no job {job_id!r} under {log_dir!r} ({path} does not exist); pass --log-dir "

@@ -25,6 +25,7 @@ import attrs
 import cattrs
 
 from dlrover_core.errors import JobSpecError
+from dlrover_core.parallel_rules import check_strategies, describe, normalize_mesh_dims
 
 __all__ = ["Checkpoint", "Failure", "JobSpec", "Nodes", "Optimizer", "Parallel", "NAME_PATTERN", "MODULE_PATTERN"]
 
@@ -242,8 +243,6 @@ class Optimizer:
 
 
 def _normalize_strategy(item: Any, index: int) -> tuple[str, dict[str, Any]]:
-    from dlrover_core.parallel_rules import normalize_mesh_dims
-
     field = f"parallel.strategies[{index}]"
     if isinstance(item, str):
         return (item, {})
@@ -289,8 +288,6 @@ class Parallel:
     strategies: tuple[tuple[str, dict[str, Any]], ...]
 
     def __init__(self, strategies: Sequence[Any] = ("ddp",)) -> None:
-        from dlrover_core.parallel_rules import check_strategies
-
         if isinstance(strategies, str):
             strategies = [strategies]
         if not isinstance(strategies, Sequence):
@@ -309,8 +306,6 @@ class Parallel:
 
     def describe(self) -> list[str]:
         """One line per strategy, as ``Job.dryrun()``'s plan shows them (``auto``: its rule)."""
-        from dlrover_core.parallel_rules import describe
-
         return describe(self.strategies)
 
 

@@ -99,7 +99,7 @@ def test_an_uninstalled_project_plugin_is_named_by_its_package(monkeypatch):
 
     monkeypatch.setattr(plugins, "_host", None)
     with pytest.raises(JobSpecError, match="pip install dlrover-plugin-ascend"):
-        Job(name="x", entrypoint="json.tool", accelerator="ascend")
+        Job(name="x", entrypoint="json.tool", accelerator="ascend").validate()
 
 
 def test_auto_nproc_and_per_rank_environment_come_from_the_accelerator(monkeypatch, tmp_path):

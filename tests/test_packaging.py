@@ -87,7 +87,7 @@ def test_without_the_plugin_the_job_names_the_package(fresh_venv):
     code = (
         "from dlrover_core import Job, JobSpecError\n"
         "try:\n"
-        "    Job(name='x', entrypoint='json.tool', accelerator='ascend')\n"
+        "    Job(name='x', entrypoint='json.tool', accelerator='ascend').validate()\n"
         "except JobSpecError as e:\n"
         "    print(e)\n"
     )

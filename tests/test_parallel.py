@@ -88,9 +88,9 @@ def test_malformed_or_conflicting_strategies_are_named_when_parallel_is_built(st
     assert fragment in str(err.value)
 
 
-def test_unknown_strategy_fails_at_job_construction_listing_the_known_ones(script):
+def test_unknown_strategy_fails_at_validate_listing_the_known_ones(script):
     with pytest.raises(JobSpecError) as err:
-        Job(name="demo", entrypoint=script, parallel=Parallel(["ddp", "zero3"]))
+        Job(name="demo", entrypoint=script, parallel=Parallel(["ddp", "zero3"])).validate()
     assert err.value.field == "parallel.strategies[1]"
     for name in ("amp", "auto", "checkpoint", "compile", "ddp", "fsdp", "mesh"):
         assert name in str(err.value)

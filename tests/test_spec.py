@@ -78,10 +78,11 @@ def test_part_validation_names_field_value_and_fix(build, field, fragment):
     ],
 )
 def test_job_validation_names_field_value_and_fix(script, kwargs, field, fragment):
-    """Job-level errors list the known names for unknown backends and say what to do."""
+    """Job-level errors list the known names for unknown backends and say what to do: the
+    field's own checks at Job(...), the machine's (plugins, files) at validate()."""
     base = {"name": "demo", "entrypoint": script}
     with pytest.raises(JobSpecError) as err:
-        Job(**{**base, **kwargs})
+        Job(**{**base, **kwargs}).validate()
     assert err.value.field == field
     assert fragment in str(err.value)
 
@@ -93,7 +94,7 @@ def test_unknown_scheduler_lists_known_ones(script):
     known = ", ".join(get_host().registries.scheduler.names())
     assert "local" in known
     with pytest.raises(JobSpecError, match=re.escape(f"registered schedulers: {known}")):
-        make(script, scheduler="nope")
+        make(script, scheduler="nope").validate()
 
 
 def test_nodes_shorthands():
@@ -153,3 +154,29 @@ def test_dryrun_lists_exact_processes_and_environment(script):
     assert plan.processes[1].env["DLROVER_MASTER_ADDR"] in plan.processes[1].argv
     assert "[master]" in str(plan) and "RANK=3" in str(plan)
     assert not Path(plan.log_dir).exists(), "a dry run must not create anything"
+
+
+def test_building_and_decoding_a_spec_loads_no_plugin_and_touches_no_file(tmp_path, monkeypatch):
+    """A spec is plain data: the master, agents and workers decode it without the plugin host
+    or the filesystem (a workdir that does not exist here is fine until validate())."""
+    import dlrover_core.plugins as plugins
+    from dlrover_core.spec import JobSpec
+
+    def no_host():
+        raise AssertionError("the plugin host was loaded")
+
+    monkeypatch.setattr(plugins, "get_host", no_host)
+    monkeypatch.setattr(plugins, "_host", None)
+    job = Job(name="demo", entrypoint="train.py", workdir=str(tmp_path / "elsewhere"), scheduler="k9s",
+              accelerator="tpu", checkpoint=Checkpoint(storage="s3x"))
+    decoded = JobSpec.from_dict(job.to_dict())
+    assert decoded.scheduler == "k9s" and decoded.workdir.endswith("elsewhere")
+    assert type(Job.from_dict(job.to_dict())) is Job
+
+
+def test_scheduler_options_are_json_data_named_in_errors(script):
+    job = make(script, scheduler_options={"image": "img:1", "shm_size_mb": 512})
+    assert Job.from_dict(job.to_dict()).scheduler_options == {"image": "img:1", "shm_size_mb": 512}
+    with pytest.raises(JobSpecError) as err:
+        make(script, scheduler_options={"image": object()})
+    assert err.value.field == "scheduler_options['image']"

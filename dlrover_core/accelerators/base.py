@@ -90,7 +90,7 @@ class Accelerator(abc.ABC):
 
     def device_for(self, local_rank: int) -> Any:
         """The ``torch.device`` a worker with ``local_rank`` should use."""
-        import torch
+        import torch  # torch: heavy, workers only
 
         return torch.device(self.torch_device_type, local_rank)
 

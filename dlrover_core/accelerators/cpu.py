@@ -7,6 +7,8 @@ import platform
 import time
 from typing import Any
 
+import psutil
+
 from dlrover_core.accelerators.base import Accelerator, DeviceReport, NodeCheckResult
 from dlrover_core.markers import hookimpl
 
@@ -24,8 +26,6 @@ class CpuAccelerator(Accelerator):
     def probe(self) -> DeviceReport:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         try:
-            import psutil
-
             memory_mb = int(psutil.virtual_memory().total // 2**20)
         except Exception:  # psutil is a dependency, but a probe never raises
             memory_mb = None
@@ -44,14 +44,14 @@ class CpuAccelerator(Accelerator):
         return max(1, cores // 2)
 
     def device_for(self, local_rank: int) -> Any:
-        import torch
+        import torch  # torch: heavy, workers only
 
         return torch.device("cpu")
 
     def node_check(self, *, group: Any = None) -> NodeCheckResult:
         """Time a 512×512 float32 matmul (×20) and a 4 MiB float32 all-reduce (×5)."""
-        import torch
-        import torch.distributed as dist
+        import torch  # torch: heavy, workers only
+        import torch.distributed as dist  # torch: heavy, workers only
 
         start = time.perf_counter()
         n, reps = 512, 20

@@ -15,21 +15,21 @@ __all__ = ["adam", "adamw", "sgd"]
 
 def adamw(params: Any, **kwargs: Any) -> Any:
     """:class:`torch.optim.AdamW` (Loshchilov & Hutter, "Decoupled Weight Decay Regularization", ICLR 2019)."""
-    import torch
+    import torch  # torch: heavy, workers only
 
     return torch.optim.AdamW(params, **kwargs)
 
 
 def adam(params: Any, **kwargs: Any) -> Any:
     """:class:`torch.optim.Adam` (Kingma & Ba, "Adam", ICLR 2015)."""
-    import torch
+    import torch  # torch: heavy, workers only
 
     return torch.optim.Adam(params, **kwargs)
 
 
 def sgd(params: Any, **kwargs: Any) -> Any:
     """:class:`torch.optim.SGD`, with optional momentum and Nesterov."""
-    import torch
+    import torch  # torch: heavy, workers only
 
     return torch.optim.SGD(params, **kwargs)
 

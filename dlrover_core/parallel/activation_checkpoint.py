@@ -23,7 +23,7 @@ log = get_logger()
 
 
 def _recompute(forward: Any, *args: Any, **kwargs: Any) -> Any:
-    from torch.utils.checkpoint import checkpoint as recompute
+    from torch.utils.checkpoint import checkpoint as recompute  # torch: heavy, workers only
 
     return recompute(forward, *args, use_reentrant=False, **kwargs)
 

@@ -51,10 +51,10 @@ class _LossScale:
         return self.scaler.scale(grad)
 
     def attach(self, optimizer: Any, *, sharded: bool) -> None:
-        import torch
+        import torch  # torch: heavy, workers only
 
         if sharded:
-            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler  # torch: heavy, workers only
 
             self.scaler = ShardedGradScaler(device=self.device_type, init_scale=self.init_scale)
         else:
@@ -98,8 +98,8 @@ def amp(
     Raises:
         JobSpecError: the worker's device type has no autocast.
     """
-    import torch
-    from torch.utils._pytree import tree_map_only
+    import torch  # torch: heavy, workers only
+    from torch.utils._pytree import tree_map_only  # torch: heavy, workers only
 
     device_type = ctx.device.type
     if not torch.amp.is_autocast_available(device_type):

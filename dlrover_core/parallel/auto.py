@@ -34,6 +34,7 @@ import attrs
 from dlrover_core.logging import get_logger
 from dlrover_core.markers import hookimpl
 from dlrover_core.parallel_rules import AUTO_DEFAULTS
+from dlrover_core.plugins import get_host
 
 __all__ = ["AutoDecision", "auto", "decide", "guess_block_class", "optimizer_state_tensors"]
 
@@ -97,7 +98,7 @@ def decide(
 
 def guess_block_class(model: Any) -> str | None:
     """Dotted path of the class of the model's repeated blocks (see the module doc), or None."""
-    import torch
+    import torch  # torch: heavy, workers only
 
     totals: dict[type, int] = {}
     for module in model.modules():
@@ -113,8 +114,6 @@ def guess_block_class(model: Any) -> str | None:
 
 
 def _probe_device_mb(ctx: Any) -> float | None:
-    from dlrover_core.plugins import get_host
-
     report = get_host().create_accelerator(ctx.info.accelerator or "auto").probe()
     if report.memory_mb is None:
         return None

@@ -11,6 +11,7 @@ import attrs
 
 from dlrover_core.errors import JobSpecError, PluginError
 from dlrover_core.logging import get_logger
+from dlrover_core.plugins import get_host
 
 __all__ = ["ParallelContext", "apply_strategies", "current_mesh", "find_modules", "replace_forward"]
 
@@ -70,7 +71,7 @@ class ParallelContext:
         """The worker's ``torch.device`` (``cpu`` when ``init()`` set none)."""
         if self.info.device is not None:
             return self.info.device
-        import torch
+        import torch  # torch: heavy, workers only
 
         return torch.device("cpu")
 
@@ -102,7 +103,7 @@ class ParallelContext:
                 raise JobSpecError("parallel.strategies[0].dims", [list(d) for d in self.mesh_dims],
                                    f"a 'data' dimension for {self._current or 'data parallelism'!r} to use")
             return self.mesh["data"]
-        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.device_mesh import init_device_mesh  # torch: heavy, workers only
 
         self.mesh = init_device_mesh(self.device.type, (self.world_size,), mesh_dim_names=("data",))
         self.mesh_dims = (("data", self.world_size),)
@@ -130,8 +131,6 @@ class ParallelContext:
     def apply(self, name: str, model: Any, **options: Any) -> Any:
         """Apply the registered strategy ``name`` to ``model`` (what ``prepare()`` does for each
         of the Job's strategies; composite strategies such as ``auto`` call it too)."""
-        from dlrover_core.plugins import get_host
-
         entry = get_host().registries.parallel_strategy.entry(name)
         outer, self._current = self._current, name
         try:

@@ -17,8 +17,8 @@ def ddp(model: Any, ctx: Any, **options: Any) -> Any:
     to the worker's device first and ``device_ids`` is set. With a ``mesh``, gradients are
     averaged over its ``data`` dimension (``process_group``), else over the whole world.
     """
-    import torch
-    import torch.distributed as dist
+    import torch  # torch: heavy, workers only
+    import torch.distributed as dist  # torch: heavy, workers only
 
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return model

@@ -45,9 +45,9 @@ def fsdp(
     Returns the same module object, its parameters now ``DTensor`` shards on the mesh's
     device. Without a process group the model is returned unchanged (logged).
     """
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    import torch  # torch: heavy, workers only
+    import torch.distributed as dist  # torch: heavy, workers only
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # torch: heavy, workers only
 
     if not dist.is_initialized():
         log.warning("fsdp_skipped", reason="torch.distributed is not initialised; call train.init() first")

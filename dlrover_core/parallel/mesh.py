@@ -35,7 +35,7 @@ def mesh(model: Any, ctx: Any, *, dims: list[list[Any]]) -> Any:
             before any collective).
     """
     sizes = resolve_mesh_dims(dims, ctx.world_size, field=ctx.field("dims"))
-    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.device_mesh import init_device_mesh  # torch: heavy, workers only
 
     names = tuple(n for n, _ in reversed(sizes))
     ctx.mesh = init_device_mesh(ctx.device.type, tuple(s for _, s in reversed(sizes)), mesh_dim_names=names)

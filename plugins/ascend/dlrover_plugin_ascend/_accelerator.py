@@ -33,11 +33,16 @@ import os
 import time
 from typing import Any
 
-from dlrover_core import hookimpl
-from dlrover_core.accelerators.base import Accelerator, DeviceReport, NodeCheckResult
-from dlrover_core.accelerators.tools import TOOL_TIMEOUT_S, run_tool, try_import
-from dlrover_core.errors import DeviceError
-from dlrover_core.logging import get_logger
+from dlrover_core import DeviceError, hookimpl
+from dlrover_core.backend import (
+    TOOL_TIMEOUT_S,
+    Accelerator,
+    DeviceReport,
+    NodeCheckResult,
+    get_logger,
+    run_tool,
+    try_import,
+)
 from dlrover_plugin_ascend._cann import cann_version
 from dlrover_plugin_ascend._npu_smi import NpuChip, parse_npu_smi_info, visible_device_ids
 

@@ -21,11 +21,8 @@ import os
 import time
 from typing import Any
 
-from dlrover_core import hookimpl
-from dlrover_core.accelerators.base import Accelerator, DeviceReport, NodeCheckResult
-from dlrover_core.accelerators.tools import TOOL_TIMEOUT_S, try_import
-from dlrover_core.errors import DeviceError
-from dlrover_core.logging import get_logger
+from dlrover_core import DeviceError, hookimpl
+from dlrover_core.backend import TOOL_TIMEOUT_S, Accelerator, DeviceReport, NodeCheckResult, get_logger, try_import
 from dlrover_plugin_cuda._probe import (
     Gpu,
     TorchCuda,

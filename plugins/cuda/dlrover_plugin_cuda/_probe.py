@@ -39,7 +39,7 @@ from typing import Any
 
 import attrs
 
-from dlrover_core.accelerators.tools import run_tool, try_import
+from dlrover_core.backend import run_tool, try_import
 
 __all__ = [
     "BASE_FIELDS",

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from dlrover_core.logging import get_logger
+from dlrover_core.backend import get_logger
 
 __all__ = ["AGD"]
 

@@ -25,10 +25,16 @@ from typing import Any
 
 import attrs
 
-from dlrover_core.accelerators.base import Accelerator, DeviceReport, NodeCheckResult
-from dlrover_core.accelerators.tools import TOOL_TIMEOUT_S, run_tool, try_import
-from dlrover_core.errors import DeviceError
-from dlrover_core.logging import get_logger
+from dlrover_core import DeviceError
+from dlrover_core.backend import (
+    TOOL_TIMEOUT_S,
+    Accelerator,
+    DeviceReport,
+    NodeCheckResult,
+    get_logger,
+    run_tool,
+    try_import,
+)
 from dlrover_plugin_ppu._settings import (
     BACKEND_ENV,
     K8S_RESOURCE_ENV,

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from dlrover_core.logging import get_logger
+from dlrover_core.backend import get_logger
 
 __all__ = [
     "BACKEND_ENV",

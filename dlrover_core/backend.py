@@ -1,0 +1,84 @@
+"""The API for backend authors: everything a plugin that adds an accelerator, a scheduler
+backend, a checkpoint storage, an optimizer or a parallel strategy may import from the core.
+
+Plugins import from here, from :mod:`dlrover_core` (the user API: ``Job``, ``hookimpl``,
+the errors) and from :mod:`dlrover_core.testing` (fixtures and contract tests); every other
+module of the core is an implementation detail that may change without notice. An
+import-linter contract (``.importlinter``, run by ``make test``) holds the project's own
+plugins to this.
+
+What is here, by kind of backend:
+
+- **accelerators**: :class:`Accelerator`, :class:`DeviceReport`, :class:`NodeCheckResult`,
+  :func:`run_tool` / :func:`try_import` / :data:`TOOL_TIMEOUT_S` (probing a vendor tool);
+- **schedulers**: :class:`SchedulerBackend`, :class:`Capabilities`, :class:`Plan`,
+  :class:`ProcessSpec`, :class:`JobHandle`; the job's data (:class:`JobSpec`) and the
+  messages a backend sees (:class:`MasterStatus`, :class:`JobStatus`, :class:`JobState`,
+  :class:`JobResult`, :class:`NodeRelaunch`); :class:`MasterClient` to ask a running master;
+  :func:`preview_workers` (the first round's worker processes, for a dry run),
+  :func:`tail_logs`, :func:`remove_segments` / :data:`SHM_DIR` (a node's shared memory);
+- **storages**: :class:`CheckpointStorage` (and :class:`PosixStorage` to build on);
+- **all**: :data:`hookimpl`, :func:`get_host` (the plugin host: other registered backends),
+  :func:`get_logger` / :func:`configure_logging`, :mod:`env` (the environment variables the
+  core sets and reads), the retry presets (:func:`api_retrying`, :func:`rpc_retrying`,
+  :func:`master_retrying`, :func:`storage_retrying`), :func:`write_atomic`.
+"""
+
+from __future__ import annotations
+
+from dlrover_core import env
+from dlrover_core.accelerators.base import Accelerator, DeviceReport, NodeCheckResult
+from dlrover_core.accelerators.tools import TOOL_TIMEOUT_S, ToolOutput, run_tool, try_import
+from dlrover_core.agent.launch import preview_workers
+from dlrover_core.checkpoint.shm import SHM_DIR, remove_segments
+from dlrover_core.fileio import write_atomic
+from dlrover_core.logging import configure as configure_logging
+from dlrover_core.logging import get_logger
+from dlrover_core.markers import hookimpl
+from dlrover_core.plugins import get_host
+from dlrover_core.protocol import JobResult, JobState, JobStatus, MasterStatus, NodeRelaunch
+from dlrover_core.protocol.client import MasterClient
+from dlrover_core.retry import api_retrying, master_retrying, rpc_retrying, storage_retrying
+from dlrover_core.schedulers.base import Capabilities, JobHandle, Plan, ProcessSpec, SchedulerBackend
+from dlrover_core.schedulers.logtail import tail_logs
+from dlrover_core.spec import JobSpec
+from dlrover_core.storage.base import CheckpointStorage
+from dlrover_core.storage.posix import PosixStorage
+
+__all__ = [
+    "SHM_DIR",
+    "TOOL_TIMEOUT_S",
+    "Accelerator",
+    "Capabilities",
+    "CheckpointStorage",
+    "DeviceReport",
+    "JobHandle",
+    "JobResult",
+    "JobSpec",
+    "JobState",
+    "JobStatus",
+    "MasterClient",
+    "MasterStatus",
+    "NodeCheckResult",
+    "NodeRelaunch",
+    "Plan",
+    "PosixStorage",
+    "ProcessSpec",
+    "SchedulerBackend",
+    "ToolOutput",
+    "api_retrying",
+    "configure_logging",
+    "env",
+    "get_host",
+    "get_logger",
+    "hookimpl",
+    "master_retrying",
+    "preview_workers",
+    "remove_segments",
+    "rpc_retrying",
+    "run_tool",
+    "storage_retrying",
+    "tail_logs",
+    "try_import",
+    "write_atomic",
+]

@@ -23,6 +23,7 @@ demo: setup
 
 test: setup
 	$(PY) -m ruff check dlrover_core plugins tests examples
+	$(VENV)/bin/lint-imports --config .importlinter
 	$(PY) -m pytest
 
 lint: setup

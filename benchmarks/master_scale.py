@@ -80,7 +80,22 @@ import psutil
 from rich.console import Console
 from rich.table import Table
 
+from dlrover_core import Failure, Job, Nodes
+from dlrover_core.master.__main__ import _JOURNAL_S, _store_factory
+from dlrover_core.master.job_master import JobMaster
+from dlrover_core.master.journal import Journal
+from dlrover_core.master.server import MasterServer
 from dlrover_core.protocol.client import POLL_HOLD_MAX_S
+from dlrover_core.protocol.codec import decode, encode
+from dlrover_core.protocol.messages import (
+    ENDPOINTS,
+    Heartbeat,
+    Join,
+    NodeRelaunch,
+    Poll,
+    PollState,
+    Register,
+)
 
 #: Seconds between the ready-polls of an agent (``dlrover_core.agent.agent``).
 POLL_S = 0.02
@@ -130,12 +145,6 @@ def _master_process(n: int, interval_s: float, timeout_s: float, journal_on: boo
     os.dup2(fd, 2)  # structlog prints to stderr: into a file, as a deployed master's does
     sys.stderr = os.fdopen(2, "w", buffering=1)
 
-    from dlrover_core import Failure, Job, Nodes
-    from dlrover_core.master.__main__ import _JOURNAL_S, _store_factory
-    from dlrover_core.master.job_master import JobMaster
-    from dlrover_core.master.journal import Journal
-    from dlrover_core.master.server import MasterServer
-
     gc_pauses = GcPauses()
     send_lock = threading.Lock()
 
@@ -146,9 +155,11 @@ def _master_process(n: int, interval_s: float, timeout_s: float, journal_on: boo
     job = Job(name="master-scale", entrypoint="json.tool", nodes=Nodes(min=n, max=n),
               failure=Failure(heartbeat_interval_s=interval_s, heartbeat_timeout_s=timeout_s))
     journal = Journal(Path(log_dir) / "master_journal.json") if journal_on else None
+    def relaunch(request: NodeRelaunch) -> None:
+        send("relaunch", request.node_id, time.monotonic())
+
     master = JobMaster(job, "master-scale", store_host="127.0.0.1", store_factory=_store_factory(),
-                       relaunch=lambda node_id: send("relaunch", node_id, time.monotonic()), log_dir=Path(log_dir),
-                       journal=journal)
+                       relaunch=relaunch, log_dir=Path(log_dir), journal=journal)
     server = MasterServer(master, "127.0.0.1", 0)
     server.start()
     stop = threading.Event()
@@ -239,6 +250,10 @@ class _Http(asyncio.Protocol):
             self.transport.close()
 
 
+#: The endpoint of each request message.
+_ENDPOINT_OF = {e.request: e for e in ENDPOINTS.values() if e.request is not None}
+
+
 class Stats:
     """What every simulated agent shares: counters, heartbeat latencies, and the bound on
     agents starting at once."""
@@ -289,9 +304,12 @@ class SimAgent:
             raise RuntimeError(f"master answered {status} to /v1/{name}: {body[:200]!r}")
         return json.loads(body)
 
-    async def call(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        """One RPC with ``MasterClient``'s timeout and retry policy."""
-        payload = json.dumps(body).encode()
+    async def call(self, message: Any) -> Any:
+        """One RPC with ``MasterClient``'s timeout and retry policy: ``message`` to its
+        endpoint; the decoded answer."""
+        endpoint = _ENDPOINT_OF[type(message)]
+        name = endpoint.name
+        payload = json.dumps(encode(message)).encode()
         timeout_s = REQUEST_TIMEOUT_S + (POLL_HOLD_MAX_S if name == "poll" else 0.0)
         start = time.monotonic()
         for attempt in range(RETRY_ATTEMPTS):
@@ -299,7 +317,7 @@ class SimAgent:
             if starting:  # a new connection counts as starting until its first answer
                 await self.stats.starting.acquire()
             try:
-                return await asyncio.wait_for(self._once(name, payload), timeout_s)
+                return decode(endpoint.answer, await asyncio.wait_for(self._once(name, payload), timeout_s))
             except (OSError, asyncio.TimeoutError) as exc:
                 self.stats.timeouts += isinstance(exc, asyncio.TimeoutError)
                 if self._conn is not None:
@@ -316,28 +334,29 @@ class SimAgent:
         raise AssertionError("unreachable")
 
     async def rendezvous(self) -> None:
-        await self.call("register", {"node_id": self.node_id, "host": f"sim-{self.node_id}", "pid": self.pid})
+        await self.call(Register(node_id=self.node_id, host=f"sim-{self.node_id}", pid=self.pid))
         self.join_sent = time.monotonic()
-        await self.call("join", {"node_id": self.node_id, "nproc": 1})
+        await self.call(Join(node_id=self.node_id, nproc=1))
         while True:
-            answer = await self.call("poll", {"node_id": self.node_id})
-            if answer["state"] == "ready":
+            answer = await self.call(Poll(node_id=self.node_id))
+            if answer.state == PollState.READY:
                 self.ready_at = time.monotonic()
                 return
-            if answer["state"] == "stop":
+            if answer.state == PollState.STOP:
                 raise RuntimeError(f"node {self.node_id}: the master said stop during the rendezvous")
-            if answer["state"] == "rejoin":
-                await self.call("join", {"node_id": self.node_id, "nproc": 1})
+            if answer.state == PollState.REJOIN:
+                await self.call(Join(node_id=self.node_id, nproc=1))
             await asyncio.sleep(POLL_S)
 
     async def heartbeat(self, step: int) -> None:
-        body: dict[str, Any] = {"node_id": self.node_id, "round": 0, "workers": {str(self.node_id): self.pid + 1},
-                                "steps": {str(self.node_id): step}, "records": [], "pid": self.pid}
+        records = ()
         if self.node_id == 0:  # rank 0's progress goes to the master
-            body["records"] = [{"type": "step", "step": step, "dt": 0.1, "t": time.time(), "metrics": {"loss": 1.0}}]
+            records = ({"type": "step", "step": step, "dt": 0.1, "t": time.time(), "metrics": {"loss": 1.0}},)
+        beat = Heartbeat(node_id=self.node_id, round=0, workers={self.node_id: self.pid + 1},
+                         steps={self.node_id: step}, records=records, pid=self.pid)
         sent = time.monotonic()
         self.last_heartbeat_sent = sent
-        await self.call("heartbeat", body)
+        await self.call(beat)
         self.stats.heartbeats.append((sent, time.monotonic() - sent))
 
     async def run(self, *, anchor: float, interval_s: float, silence: dict[int, float], stop: asyncio.Event,
@@ -485,7 +504,7 @@ async def _drive(n: int, port: int, master_pid: int, conn: Any, args: argparse.N
 def _run_async(coro: Any) -> Any:
     """Run the agents on uvloop when it is installed (about half the CPU of asyncio's loop)."""
     try:
-        import uvloop
+        import uvloop  # optional: installed for speed
     except ImportError:
         return asyncio.run(coro)
     return uvloop.run(coro)

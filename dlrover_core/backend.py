@@ -11,14 +11,18 @@ What is here, by kind of backend:
 
 - **accelerators**: :class:`Accelerator`, :class:`DeviceReport`, :class:`NodeCheckResult`,
   :func:`run_tool` / :func:`try_import` / :data:`TOOL_TIMEOUT_S` (probing a vendor tool);
-- **schedulers**: :class:`SchedulerBackend`, :class:`Capabilities`, :class:`Plan`,
-  :class:`ProcessSpec`, :class:`JobHandle`; the job's data (:class:`JobSpec`) and the
+- **schedulers**: :class:`SchedulerBackend` (a template: a backend implements
+  ``build_plan`` and ``execute``), :class:`Capabilities`, :class:`SchedulerOption` (options as
+  data) and :class:`OptionValue`, :class:`Plan`, :class:`ProcessSpec`, :class:`JobHandle`;
+  :func:`resolve_options`, :func:`fetch_master_status`, :func:`read_result`,
+  :func:`status_of_result` (what every backend shares); the job's data (:class:`JobSpec`) and the
   messages a backend sees (:class:`MasterStatus`, :class:`JobStatus`, :class:`JobState`,
-  :class:`JobResult`, :class:`NodeRelaunch`); :class:`MasterClient` to ask a running master;
+  :class:`JobResult`, :class:`NodeRelaunch`) and sends (:class:`FailureReport` of
+  :class:`WorkerFailure`, answered by an :class:`Action`); :class:`MasterClient` to ask a running master;
   :func:`preview_workers` (the first round's worker processes, for a dry run),
   :func:`tail_logs`, :func:`remove_segments` / :data:`SHM_DIR` (a node's shared memory);
 - **storages**: :class:`CheckpointStorage` (and :class:`PosixStorage` to build on);
-- **all**: :data:`hookimpl`, :func:`get_host` (the plugin host: other registered backends),
+- **all**: :data:`hookimpl`, :func:`get_host` (the process's plugin host: other registered backends) and :class:`PluginHost` (a host of its own, e.g. one that loads only your plugin in a test),
   :func:`get_logger` / :func:`configure_logging`, :mod:`env` (the environment variables the
   core sets and reads), the retry presets (:func:`api_retrying`, :func:`rpc_retrying`,
   :func:`master_retrying`, :func:`storage_retrying`), :func:`write_atomic`.
@@ -35,11 +39,32 @@ from dlrover_core.fileio import write_atomic
 from dlrover_core.logging import configure as configure_logging
 from dlrover_core.logging import get_logger
 from dlrover_core.markers import hookimpl
-from dlrover_core.plugins import get_host
-from dlrover_core.protocol import JobResult, JobState, JobStatus, MasterStatus, NodeRelaunch
+from dlrover_core.plugins import PluginHost, get_host
+from dlrover_core.protocol import (
+    Action,
+    FailureReport,
+    JobResult,
+    JobState,
+    JobStatus,
+    MasterStatus,
+    NodeRelaunch,
+    WorkerFailure,
+)
 from dlrover_core.protocol.client import MasterClient
 from dlrover_core.retry import api_retrying, master_retrying, rpc_retrying, storage_retrying
-from dlrover_core.schedulers.base import Capabilities, JobHandle, Plan, ProcessSpec, SchedulerBackend
+from dlrover_core.scheduler_backend import (
+    Capabilities,
+    JobHandle,
+    OptionValue,
+    Plan,
+    ProcessSpec,
+    SchedulerBackend,
+    SchedulerOption,
+    fetch_master_status,
+    read_result,
+    resolve_options,
+    status_of_result,
+)
 from dlrover_core.schedulers.logtail import tail_logs
 from dlrover_core.spec import JobSpec
 from dlrover_core.storage.base import CheckpointStorage
@@ -49,9 +74,11 @@ __all__ = [
     "SHM_DIR",
     "TOOL_TIMEOUT_S",
     "Accelerator",
+    "Action",
     "Capabilities",
     "CheckpointStorage",
     "DeviceReport",
+    "FailureReport",
     "JobHandle",
     "JobResult",
     "JobSpec",
@@ -61,22 +88,30 @@ __all__ = [
     "MasterStatus",
     "NodeCheckResult",
     "NodeRelaunch",
+    "OptionValue",
     "Plan",
+    "PluginHost",
     "PosixStorage",
     "ProcessSpec",
     "SchedulerBackend",
+    "SchedulerOption",
     "ToolOutput",
+    "WorkerFailure",
     "api_retrying",
     "configure_logging",
     "env",
+    "fetch_master_status",
     "get_host",
     "get_logger",
     "hookimpl",
     "master_retrying",
     "preview_workers",
+    "read_result",
     "remove_segments",
+    "resolve_options",
     "rpc_retrying",
     "run_tool",
+    "status_of_result",
     "storage_retrying",
     "tail_logs",
     "try_import",

@@ -6,15 +6,23 @@ from __future__ import annotations
 import json
 import os
 import re
+import runpy
 import sys
 from pathlib import Path
 from typing import Any
 
+import attrs
 import click
 from rich.console import Console
 from rich.table import Table
 
+from dlrover_core import plugin_docs
+from dlrover_core.doctor import diagnose
 from dlrover_core.errors import DLRoverError
+from dlrover_core.job import Job
+from dlrover_core.plugins import get_host
+from dlrover_core.runner import find_job
+from dlrover_core.spec import Checkpoint, Failure, Nodes
 
 __all__ = ["main"]
 
@@ -63,8 +71,6 @@ def _check_worker_count(nodes: Any, accelerator: str, scheduler: str, force: boo
     if force or scheduler != "local" or nproc == "auto" or nproc * nodes.max <= MAX_CPU_WORKERS_PER_CORE * cores:
         return
     if accelerator != "cpu":  # probe only when the count is suspicious: "auto" may be a GPU here
-        from dlrover_core.plugins import get_host
-
         if get_host().create_accelerator(accelerator).name != "cpu":
             return
     total = nproc * nodes.max
@@ -127,9 +133,6 @@ def run(nnodes, nproc_per_node, max_restarts, node_unit, rdzv_conf, monitor_inte
     On the cpu, more than 4 workers per core of this machine (all nodes together with the
     local scheduler) are refused unless --force is given.
     """
-    from dlrover_core import Job
-    from dlrover_core.spec import Checkpoint, Failure, Nodes
-
     for flag, value in (("--rdzv-backend", rdzv_backend), ("--rdzv-endpoint", rdzv_endpoint), ("--rdzv-id", rdzv_id)):
         if value:
             click.echo(f"note: {flag} is ignored: the job master runs the rendezvous", err=True)
@@ -170,10 +173,6 @@ def run(nnodes, nproc_per_node, max_restarts, node_unit, rdzv_conf, monitor_inte
 
 def _load_job(path: str) -> Any:
     """The ``Job`` a Python file defines: its ``job`` variable, or its only ``Job`` object."""
-    import runpy
-
-    from dlrover_core import Job
-
     try:
         namespace = runpy.run_path(path, run_name="__dlrover_submit__")
     except FileNotFoundError:
@@ -193,8 +192,6 @@ def _load_job(path: str) -> Any:
 @click.option("--dryrun", is_flag=True, help="Print the native request (processes, sbatch script, manifests) and exit.")
 def submit(job_file: str, scheduler: str | None, wait: bool, dryrun: bool) -> None:
     """Submit the Job that JOB_FILE defines (`job = Job(...)`) to its scheduler backend."""
-    import attrs
-
     job = _load_job(job_file)
     try:
         if scheduler is not None:
@@ -218,8 +215,6 @@ def submit(job_file: str, scheduler: str | None, wait: bool, dryrun: bool) -> No
 
 
 def _find(job_id: str, log_dir: str) -> Any:
-    from dlrover_core.runner import find_job
-
     try:
         return find_job(job_id, log_dir)
     except DLRoverError as exc:
@@ -232,8 +227,6 @@ def _find(job_id: str, log_dir: str) -> Any:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def status(job_id: str, log_dir: str, as_json: bool) -> None:
     """Show a job on any scheduler: state, step, nodes, restarts, goodput timeline."""
-    import attrs
-
     run = _find(job_id, log_dir)
     st = run.status()
     goodput = st.goodput
@@ -293,12 +286,14 @@ def plugins() -> None:
 @plugins.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def plugins_list(as_json: bool) -> None:
-    """List plugins: name, distribution, version, hooks, backends registered, errors."""
-    from dlrover_core.plugins import get_host
-
+    """List plugins: name, distribution, version, hooks, backends registered, errors; and
+    each scheduler's options (name, type, default, environment fallback, help)."""
     host = get_host()
-    host.registries  # noqa: B018 - build registries so backends are known
+    schedulers = host.registries.scheduler
     infos = [i.to_dict() for i in host.plugins.values()]
+    for info in infos:
+        info["scheduler_options"] = {name: [o.describe() for o in schedulers.get(name).options]
+                                     for name in info["backends"].get("scheduler", [])}
     if as_json:
         click.echo(json.dumps(infos, indent=2))
         return
@@ -310,7 +305,19 @@ def plugins_list(as_json: bool) -> None:
         hooks = ", ".join(h.removeprefix("dlrover_") for h in i["hooks"])
         table.add_row(i["name"], i["distribution"] or "", i["version"] or "", hooks, backends,
                       "\n".join(i["errors"]), style="red" if i["errors"] else None)
-    Console().print(table)
+    console = Console(width=max(Console().width, 120))
+    console.print(table)
+    options = Table(title="scheduler options: Job(scheduler_options={name: value}); the variable is the fallback")
+    for col in ("scheduler", "option", "type", "default", "variable", "help"):
+        options.add_column(col, overflow="fold")
+    for name in schedulers.names():
+        declared = schedulers.get(name).options
+        if not declared:
+            options.add_row(name, "(none)", "", "", "", "", style="dim")
+        for o in declared:
+            d = o.describe()
+            options.add_row(name, d["name"], d["type"], json.dumps(d["default"]), d["env"] or "", d["help"])
+    console.print(options)
 
 
 @plugins.command("hooks")
@@ -318,8 +325,6 @@ def plugins_list(as_json: bool) -> None:
               help="Rewrite the generated part of FILE (between its hooks:begin/hooks:end markers) instead of printing.")
 def plugins_hooks(update: str | None) -> None:
     """Print the hook reference for plugin authors as Markdown (from the hook specs' docstrings)."""
-    from dlrover_core import plugin_docs
-
     if update is None:
         click.echo(plugin_docs.hook_reference(), nl=False)
         return
@@ -335,8 +340,6 @@ def plugins_hooks(update: str | None) -> None:
 def doctor(as_json: bool) -> None:
     """Probe every installed accelerator: what was found, what was not and why, and which
     one accelerator="auto" picks."""
-    from dlrover_core.doctor import diagnose
-
     diagnosis = diagnose()
     if as_json:
         click.echo(json.dumps(diagnosis.to_dict(), indent=2))

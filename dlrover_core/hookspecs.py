@@ -52,9 +52,10 @@ def dlrover_register_accelerators(register: Register) -> None:
 def dlrover_register_schedulers(register: Register) -> None:
     """Register scheduler backends.
 
-    Call ``register(cls)`` once per :class:`~dlrover_core.schedulers.SchedulerBackend`
+    Call ``register(cls)`` once per :class:`~dlrover_core.backend.SchedulerBackend`
     subclass; its ``name`` is what ``Job(scheduler=...)`` selects. The class is
-    instantiated with no arguments; ``dryrun(job)`` must be pure (no side effects).
+    instantiated with no arguments; its ``build_plan(job, ...)`` must be pure (no side
+    effects): the template's ``dryrun`` calls it, ``submit`` executes the plan's request.
 
     Return value is ignored. Implemented by the core (``local``) and scheduler plugins.
     """

@@ -13,7 +13,7 @@ from dlrover_core.validation import validate_job
 
 if TYPE_CHECKING:
     from dlrover_core.protocol import JobResult
-    from dlrover_core.schedulers.base import Plan
+    from dlrover_core.scheduler_backend import Plan
 
 __all__ = ["Job"]
 

@@ -10,7 +10,7 @@ import attrs
 
 from dlrover_core.accelerators.base import Accelerator
 from dlrover_core.errors import PluginError, PluginNotFoundError
-from dlrover_core.schedulers.base import SchedulerBackend
+from dlrover_core.scheduler_backend import SchedulerBackend
 from dlrover_core.storage.base import CheckpointStorage
 
 __all__ = ["KINDS", "Entry", "Registries", "Registry"]

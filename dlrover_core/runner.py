@@ -19,7 +19,7 @@ from dlrover_core.fileio import write_atomic
 from dlrover_core.logging import get_logger
 from dlrover_core.plugins import get_host
 from dlrover_core.protocol import JobResult, JobStatus
-from dlrover_core.schedulers.base import JobHandle, Plan, SchedulerBackend
+from dlrover_core.scheduler_backend import JobHandle, Plan, SchedulerBackend
 from dlrover_core.spec import JobSpec
 from dlrover_core.validation import validate_job
 

@@ -15,6 +15,7 @@ from helpers import SCRIPTS, job_processes
 
 from dlrover_core import Checkpoint, Failure, Job, JobState, Nodes
 from dlrover_core.master.job_master import JobMaster
+from dlrover_core.protocol import Exited, Heartbeat, Join, NodeRelaunch, Poll, Register, Succeeded
 
 
 class Clock:
@@ -36,11 +37,11 @@ def master(workdir: Path, *, relaunch=None, nodes=None, clock=None) -> JobMaster
 
 def form(m: JobMaster, nodes: tuple[int, ...]) -> None:
     for n in nodes:
-        m.register(n, "h", 100 + n)
-        m.join(n, 1)
+        m.register(Register(node_id=n, host="h", pid=100 + n))
+        m.join(Join(node_id=n, nproc=1))
     m.tick()
     for n in nodes:
-        assert m.poll(n)["state"] == "ready"
+        assert m.poll(Poll(node_id=n)).state == "ready"
 
 
 # ----- fast ------------------------------------------------------------------------------------
@@ -51,10 +52,10 @@ def test_exited_nodes_below_min_fail_the_job_at_once(workdir):
     are not relaunched, so nothing can help: FAILED now, naming the nodes."""
     m = master(workdir)
     form(m, (0, 1, 2))
-    m.exited(1)
+    m.exited(Exited(node_id=1))
     assert m.state == JobState.RUNNING  # 2 live nodes: the survivors restart without node 1
-    assert m.heartbeat(0, 0)["action"] == "restart" and m.restarts == 0
-    m.exited(2)
+    assert m.heartbeat(Heartbeat(node_id=0, round=0)).action == "restart" and m.restarts == 0
+    m.exited(Exited(node_id=2))
     assert m.state == JobState.FAILED
     assert m.reason == ("1 live node < nodes.min=2 and none can come back: node 1 exited, node 2 exited; "
                         "live: node 0")
@@ -63,10 +64,10 @@ def test_exited_nodes_below_min_fail_the_job_at_once(workdir):
 def test_a_finished_node_leaving_is_not_missed_but_a_running_one_is(workdir):
     m = master(workdir, nodes=Nodes(min=2, max=2))
     form(m, (0, 1))
-    m.succeeded(0, 0)
-    m.exited(0)  # done: the job can still succeed without it
-    assert m.state == JobState.RUNNING and m.heartbeat(1, 0)["action"] == "none"
-    m.exited(1)  # gone before finishing: nothing can complete the round
+    m.succeeded(Succeeded(node_id=0, round=0))
+    m.exited(Exited(node_id=0))  # done: the job can still succeed without it
+    assert m.state == JobState.RUNNING and m.heartbeat(Heartbeat(node_id=1, round=0)).action == "none"
+    m.exited(Exited(node_id=1))  # gone before finishing: nothing can complete the round
     assert m.state == JobState.FAILED
     assert "0 live nodes < nodes.min=2" in m.reason and "node 1 exited" in m.reason
 
@@ -74,29 +75,29 @@ def test_a_finished_node_leaving_is_not_missed_but_a_running_one_is(workdir):
 def test_status_says_what_a_round_waits_for(workdir):
     """Lost nodes being relaunched may come back: the job waits, and its status says for what."""
     clock = Clock()
-    relaunched: list[int] = []
+    relaunched: list[NodeRelaunch] = []
     m = master(workdir, relaunch=relaunched.append, clock=clock)
     form(m, (0, 1, 2))
-    assert m.status()["message"] == "" and m.status()["nodes"] == 3
+    assert m.status().message == "" and m.status().nodes == 3
     clock.t += 31
-    m.heartbeat(0, 0)
+    m.heartbeat(Heartbeat(node_id=0, round=0))
     m.tick()  # nodes 1 and 2 are lost and relaunched
     status = m.status()
-    assert status["state"] == "RUNNING"
-    assert status["message"] == "waiting for 1 more node; live: node 0 (1 < nodes.min=2); relaunching: node 1, node 2"
-    assert status["nodes"] == 1  # the running round's members still alive, not its size
+    assert status.state == "RUNNING"
+    assert status.message == "waiting for 1 more node; live: node 0 (1 < nodes.min=2); relaunching: node 1, node 2"
+    assert status.nodes == 1  # the running round's members still alive, not its size
 
 
 def test_a_failed_relaunch_below_min_fails_the_job(workdir):
     clock = Clock()
 
-    def refuse(node_id: int) -> None:
-        raise RuntimeError(f"no capacity for node {node_id}")
+    def refuse(request: NodeRelaunch) -> None:
+        raise RuntimeError(f"no capacity for node {request.node_id}")
 
     m = master(workdir, relaunch=refuse, nodes=Nodes(min=2, max=2), clock=clock)
     form(m, (0, 1))
     clock.t += 31
-    m.heartbeat(0, 0)
+    m.heartbeat(Heartbeat(node_id=0, round=0))
     m.tick()
     deadline = time.monotonic() + 5
     while m.state != JobState.FAILED and time.monotonic() < deadline:
@@ -111,14 +112,14 @@ def test_a_member_leaving_restarts_the_others_without_it(workdir):
     clock = Clock()
     m = master(workdir, nodes=Nodes(min=1, max=2, last_call_s=3), clock=clock)
     form(m, (0, 1))
-    m.exited(1)
-    assert m.heartbeat(0, 0)["action"] == "restart"
+    m.exited(Exited(node_id=1))
+    assert m.heartbeat(Heartbeat(node_id=0, round=0)).action == "restart"
     assert m.restarts == 0 and m.state == JobState.RUNNING
-    m.join(0, 1)
+    m.join(Join(node_id=0, nproc=1))
     clock.t += 4  # the last call for more nodes passes
     m.tick()
-    ready = m.poll(0)
-    assert (ready["round"], ready["world_size"]) == (1, 1)
+    ready = m.poll(Poll(node_id=0))
+    assert (ready.round, ready.world_size) == (1, 1)
 
 
 # ----- slow: the repro ---------------------------------------------------------------------------

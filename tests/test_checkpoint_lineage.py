@@ -14,6 +14,13 @@ from dlrover_core.checkpoint.memory import MemorySnapshots
 from dlrover_core.checkpoint.saver import CheckpointSaver, shard_path
 from dlrover_core.checkpoint.shm import remove_segments
 from dlrover_core.master.checkpoints import CheckpointCoordinator
+from dlrover_core.protocol import (
+    RestorePlanRequest,
+    RestoreVerify,
+    RestoreVerifyAnswer,
+    ShardAnswer,
+    ShardReport,
+)
 from dlrover_core.storage.posix import PosixStorage
 
 
@@ -32,21 +39,40 @@ def coordinator(tmp_path):
     return CheckpointCoordinator(PosixStorage(str(tmp_path)), keep_last=10, event=lambda *a, **k: None)
 
 
+def shard(c, *, step, rank, round_index, file, world_size=2):
+    """Rank ``rank`` reports its shard of ``step`` (written in round ``round_index``) durable."""
+    return c.shard_done(ShardReport(node_id=0, rank=rank, step=step, world_size=world_size, round=round_index,
+                                    file=file))
+
+
+def plan(c, *, round_index, rank, memory, world_size=2):
+    """Rank ``rank`` reports the ``[step, round]`` snapshots it holds in memory."""
+    return c.restore_plan(RestorePlanRequest(round=round_index, rank=rank, world_size=world_size,
+                                             memory=tuple(tuple(m) for m in memory)))
+
+
+def verify(c, *, round_index, rank, step, ok, error="", world_size=2):
+    return c.verify(RestoreVerify(round=round_index, rank=rank, world_size=world_size, step=step, ok=ok, error=error))
+
+
+def no_commit(shard):
+    return ShardAnswer()
+
+
 def test_shards_of_two_incarnations_never_make_a_commit(tmp_path):
     """Rank 0 persisted step 30 in round 0; round 1 went back to step 20 and trained 30
     again: rank 1's round-1 shard does not complete round 0's, rank 0's late round-0 shard
     is refused as stale, and the commit of 30 names round 1's files only."""
     c = coordinator(tmp_path)
-    assert c.shard_done(step=30, rank=0, world_size=2, round_index=0, info={"file": "a"}) == {"committed": None}
-    c.restore_plan(round_index=1, rank=0, world_size=2, memory=[[20, 0]])
-    assert c.restore_plan(round_index=1, rank=1, world_size=2, memory=[[20, 0]])["step"] == 20
+    assert shard(c, step=30, rank=0, round_index=0, file="a") == ShardAnswer(committed=None)
+    plan(c, round_index=1, rank=0, memory=[[20, 0]])
+    assert plan(c, round_index=1, rank=1, memory=[[20, 0]]).step == 20
     assert c.pending_shards() == []  # round 0's step-30 shard was discarded by the restore
-    assert c.shard_done(step=30, rank=1, world_size=2, round_index=1, info={"file": "r1", "round": 1}) == {
-        "committed": None}
-    late = c.shard_done(step=30, rank=0, world_size=2, round_index=0, info={"file": "r0-late"})
-    assert late["stale"] and "round 1 went back to step 20" in late["reason"]
+    assert shard(c, step=30, rank=1, round_index=1, file="r1") == ShardAnswer(committed=None)
+    late = shard(c, step=30, rank=0, round_index=0, file="r0-late")
+    assert late.stale and "round 1 went back to step 20" in late.reason
     assert c.latest is None
-    c.shard_done(step=30, rank=0, world_size=2, round_index=1, info={"file": "r0", "round": 1})
+    shard(c, step=30, rank=0, round_index=1, file="r0")
     assert c.latest == 30
     meta = json.loads((tmp_path / "step_0000000030" / "checkpoint.json").read_text())
     assert meta["round"] == 1 and {s["file"] for s in meta["shards"].values()} == {"r0", "r1"}
@@ -59,10 +85,10 @@ def test_a_restore_never_picks_snapshots_of_an_abandoned_lineage(tmp_path):
     step of the current lineage, 11 (round 1)."""
     c = coordinator(tmp_path)
     for r in (0, 1):
-        c.restore_plan(round_index=1, rank=r, world_size=2, memory=[[10, 0]])
+        plan(c, round_index=1, rank=r, memory=[[10, 0]])
     held = {0: [[11, 1], [12, 0]], 1: [[11, 1], [12, 1]]}
-    answers = [c.restore_plan(round_index=2, rank=r, world_size=2, memory=m) for r, m in held.items()]
-    assert (answers[1]["source"], answers[1]["step"], answers[1]["snapshot_round"]) == ("memory", 11, 1)
+    answers = [plan(c, round_index=2, rank=r, memory=m) for r, m in held.items()]
+    assert (answers[1].source, answers[1].step, answers[1].snapshot_round) == ("memory", 11, 1)
 
 
 def test_a_damaged_storage_step_makes_every_rank_fall_back(tmp_path):
@@ -73,19 +99,19 @@ def test_a_damaged_storage_step_makes_every_rank_fall_back(tmp_path):
     for step in (10, 20):
         for r in (0, 1):
             storage.write_bytes(shard_path(step, r, 0), b"x")
-            c.shard_done(step=step, rank=r, world_size=2, round_index=0, info={"file": f"rank_0000{r}-round0.safetensors"})
-    plan = [c.restore_plan(round_index=1, rank=r, world_size=2, memory=[]) for r in (0, 1)][1]
-    assert (plan["source"], plan["step"]) == ("storage", 20)
-    assert c.verify(round_index=1, rank=0, world_size=2, step=20, ok=True) == {"state": "waiting"}
-    answer = c.verify(round_index=1, rank=1, world_size=2, step=20, ok=False, error="torn file")
-    assert answer["state"] == "retry" and answer["step"] == 10 and "rank 1" in answer["reason"]
-    assert c.verify(round_index=1, rank=0, world_size=2, step=20, ok=True)["step"] == 10  # a late rank learns too
-    c.verify(round_index=1, rank=0, world_size=2, step=10, ok=True)
-    assert c.verify(round_index=1, rank=1, world_size=2, step=10, ok=True) == {"state": "ok", "step": 10}
+            shard(c, step=step, rank=r, round_index=0, file=f"rank_0000{r}-round0.safetensors")
+    decided = [plan(c, round_index=1, rank=r, memory=[]) for r in (0, 1)][1]
+    assert (decided.source, decided.step) == ("storage", 20)
+    assert verify(c, round_index=1, rank=0, step=20, ok=True) == RestoreVerifyAnswer(state="waiting")
+    answer = verify(c, round_index=1, rank=1, step=20, ok=False, error="torn file")
+    assert answer.state == "retry" and answer.step == 10 and "rank 1" in answer.reason
+    assert verify(c, round_index=1, rank=0, step=20, ok=True).step == 10  # a late rank learns too
+    verify(c, round_index=1, rank=0, step=10, ok=True)
+    assert verify(c, round_index=1, rank=1, step=10, ok=True) == RestoreVerifyAnswer(state="ok", step=10)
     assert c.damaged == {20: "rank 1's shard: torn file"}
     # the next restore skips the damaged step at once
-    plan = [c.restore_plan(round_index=2, rank=r, world_size=2, memory=[]) for r in (0, 1)][1]
-    assert (plan["source"], plan["step"]) == ("storage", 10)
+    decided = [plan(c, round_index=2, rank=r, memory=[]) for r in (0, 1)][1]
+    assert (decided.source, decided.step) == ("storage", 10)
 
 
 def test_the_same_steps_rule(tmp_path):
@@ -105,7 +131,7 @@ def test_a_rank_hosted_again_after_a_scale_change_is_persisted(job_id, tmp_path)
     up: new segments, a new sequence): its new snapshots are persisted, nothing of the old
     slots skips them."""
     saver = CheckpointSaver(job_id=job_id, node_id=0, storage=PosixStorage(str(tmp_path)),
-                            report=lambda e, b: {"committed": None})
+                            report_shard=no_commit, report_error=lambda error: None)
     try:
         saver.set_ranks([0, 1])
         first = MemorySnapshots(job_id=job_id, node_id=0, rank=1, round_index=0)
@@ -131,7 +157,7 @@ def test_the_saver_notices_a_segment_recreated_under_the_same_name(job_id, tmp_p
     from dlrover_core.checkpoint.shm import SHM_DIR, segment_name
 
     saver = CheckpointSaver(job_id=job_id, node_id=0, storage=PosixStorage(str(tmp_path)),
-                            report=lambda e, b: {"committed": None})
+                            report_shard=no_commit, report_error=lambda error: None)
     try:
         saver.set_ranks([0])
         old = MemorySnapshots(job_id=job_id, node_id=0, rank=0, round_index=0)

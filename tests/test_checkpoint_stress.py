@@ -40,6 +40,7 @@ from dlrover_core.checkpoint.memory import MemorySnapshots
 from dlrover_core.checkpoint.saver import CheckpointSaver
 from dlrover_core.checkpoint.shm import remove_segments
 from dlrover_core.master.checkpoints import CheckpointCoordinator
+from dlrover_core.protocol import CheckpointErrorReport, RestorePlanRequest, RestoreVerify, ShardAnswer, ShardReport
 from dlrover_core.retry import storage_retrying
 from dlrover_core.storage.posix import PosixStorage
 
@@ -86,17 +87,18 @@ def run_schedule(seed: int, tmp: Path) -> dict:
     storage = FlakyStorage(str(ck), random.Random(seed + 1), fail_p, max_delay_s)
     lock = threading.Lock()
     coordinator = CheckpointCoordinator(PosixStorage(str(ck)), keep_last=1000, event=lambda *a, **k: None)
-    errors: list[dict] = []
+    errors: list[CheckpointErrorReport] = []
 
-    def report(endpoint: str, body: dict) -> dict:  # what the master does with the savers' reports
+    def report_shard(shard: ShardReport) -> ShardAnswer:  # what the master does with the savers' reports
         with lock:
-            if endpoint == "checkpoint_shard":
-                return coordinator.shard_done(step=body["step"], rank=body["rank"], world_size=body["world_size"],
-                                              info=body, round_index=body["round"])
-            errors.append(body)
-            return {}
+            return coordinator.shard_done(shard)
 
-    savers = [CheckpointSaver(job_id=job_id, node_id=n, storage=storage, report=report, poll_s=0.002,
+    def report_error(error: CheckpointErrorReport) -> None:
+        with lock:
+            errors.append(error)
+
+    savers = [CheckpointSaver(job_id=job_id, node_id=n, storage=storage, report_shard=report_shard,
+                              report_error=report_error, poll_s=0.002,
                               persist_timeout_s=30, retrying=lambda: storage_retrying(sleep=lambda s: time.sleep(0.001)))
               for n in range(nodes)]
     for n, saver in enumerate(savers):
@@ -115,32 +117,33 @@ def run_schedule(seed: int, tmp: Path) -> dict:
                 plans = {}
                 for r in range(world):
                     with lock:
-                        plans[r] = coordinator.restore_plan(round_index=round_index, rank=r, world_size=world,
-                                                            memory=memories[r].held(world))
+                        plans[r] = coordinator.restore_plan(RestorePlanRequest(
+                            round=round_index, rank=r, world_size=world, memory=tuple(memories[r].held(world))))
                 plan = plans[world - 1]
-                assert plan["state"] == "ready"
-                if plan["source"] == "memory":
+                assert plan.state == "ready"
+                if plan.source == "memory":
                     got = set()
                     for r in range(world):
-                        with memories[r].read(plan["step"], world, plan["snapshot_round"]) as (views, _):
+                        with memories[r].read(plan.step, world, plan.snapshot_round) as (views, _):
                             got.add(_value(views["state/w"]))
-                    assert got == {history[(plan["snapshot_round"], plan["step"])]}, "memory restore mixed lineages"
-                    value, step = got.pop(), plan["step"]
-                elif plan["source"] == "storage":
-                    step = plan["step"]
+                    assert got == {history[(plan.snapshot_round, plan.step)]}, "memory restore mixed lineages"
+                    value, step = got.pop(), plan.step
+                elif plan.source == "storage":
+                    step = plan.step
                     meta = json.loads((ck / f"step_{step:010d}" / "checkpoint.json").read_text())
                     got = {_shard_value(ck, meta, r) for r in range(world)}
                     assert got == {history[(meta["round"], step)]}, "storage restore is not the commit's state"
                     value = got.pop()
                     for r in range(world):
                         with lock:
-                            coordinator.verify(round_index=round_index, rank=r, world_size=world, step=step, ok=True)
+                            coordinator.verify(RestoreVerify(round=round_index, rank=r, world_size=world, step=step,
+                                                             ok=True))
                 else:
                     value, step = 0.0, -1
                 for r in range(world):
-                    memories[r].forget_after(step, keep_round=plan.get("snapshot_round")
-                                             if plan["source"] == "memory" else None)
-                restores.append((round_index, plan["source"], step))
+                    memories[r].forget_after(step, keep_round=plan.snapshot_round
+                                             if plan.source == "memory" else None)
+                restores.append((round_index, plan.source, step))
                 value += random.Random(f"{seed}-noise-{round_index}").uniform(1, 2)  # this incarnation differs
                 start = step + 1
             # ----- train: every rank a thread, in lockstep per step, some stop early at a "kill"

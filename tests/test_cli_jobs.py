@@ -51,7 +51,7 @@ def test_submit_status_logs_cancel_from_the_command_line(tmp_path):
     assert "CANCELLED" in done.stdout
     assert json.loads(cli("status", job_id, "--log-dir", "runs", "--json", cwd=tmp_path).stdout)["state"] == "CANCELLED"
     assert job_processes(job_id) == []
-    assert shm_entries() - shm_before == set()
+    assert {e for e in shm_entries() - shm_before if job_id in e} == set()  # other jobs may run meanwhile
 
 
 def test_unknown_job_and_bad_job_file_say_what_to_do(tmp_path):

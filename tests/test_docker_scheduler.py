@@ -1,7 +1,8 @@
-"""The docker scheduler: its dry run against a golden file (no engine needed), and jobs in real
-containers on a private Docker engine that the session starts and removes: a 2-node job trains
-to the end, a killed node container is relaunched by the master from inside its container, and
-cancel leaves no container and no network of the job."""
+"""The docker scheduler: its dry run against a golden file (no engine needed), its options, a
+clear error without the docker SDK, and jobs in real containers on a private Docker engine that
+the session starts and removes: a 2-node job trains to the end, a killed node container is
+relaunched by the master from inside its container, and cancel leaves no container and no
+network of the job."""
 
 from __future__ import annotations
 
@@ -19,22 +20,28 @@ import psutil
 import pytest
 from helpers import ROOT, SCRIPTS, shm_entries
 
-from dlrover_core import Checkpoint, Failure, Job, JobState, Nodes
+from dlrover_core import Checkpoint, Failure, Job, JobSpecError, JobState, Nodes
 from dlrover_core.errors import SchedulerError
+from dlrover_core.scheduler_backend import JobHandle
 from dlrover_core.schedulers import docker as docker_backend
-from dlrover_core.schedulers.base import JobHandle
 from dlrover_core.schedulers.docker import (
     DEFAULT_IMAGE,
     LABEL_JOB,
     LABEL_NODE,
     LABEL_ROLE,
     MIN_SHM_BYTES,
+    DockerRequest,
     DockerScheduler,
+    _engine,
+    _mounts,
+    _scheduler,
     shm_size_bytes,
 )
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "docker_containers.json"
 _DOCKER_ENV = ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH", "DOCKER_CONTEXT")
+#: The docker scheduler's option variables (each an option's fallback).
+_OPTION_ENV = tuple(o.env for o in DockerScheduler.options if o.env)
 
 
 # ----- the dry run (pure, no engine) ---------------------------------------------------------
@@ -70,18 +77,17 @@ def test_dryrun_is_pure_and_matches_the_golden_file(tmp_path, monkeypatch):
     the temporary directory and the uid are normalised; it talks to no engine and writes nothing."""
     import docker
 
-    for name in (*_DOCKER_ENV, "OMP_NUM_THREADS", "DLROVER_LOG_LEVEL", "DLROVER_LOG_FORMAT", "DLROVER_PLUGINS",
-                 "DLROVER_DISABLE_PLUGINS", docker_backend.ENV_IMAGE, docker_backend.ENV_PYTHON,
-                 docker_backend.ENV_SHM_SIZE):
+    for name in (*_DOCKER_ENV, *_OPTION_ENV, "OMP_NUM_THREADS", "DLROVER_LOG_LEVEL", "DLROVER_LOG_FORMAT",
+                 "DLROVER_PLUGINS", "DLROVER_DISABLE_PLUGINS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("DOCKER_HOST", "unix:///var/run/dlrover-test.sock")
-    monkeypatch.setenv(docker_backend.ENV_STATE_MB, "600")
-    monkeypatch.setenv(docker_backend.ENV_MOUNTS, "/data/corpus:ro")
+    monkeypatch.setenv("DLROVER_DOCKER_STATE_MB", "600")
+    monkeypatch.setenv("DLROVER_DOCKER_MOUNTS", "/data/corpus:ro")
     # the host's runtime differs between machines: pin it (runtime_mounts has its own test)
-    monkeypatch.setattr(docker_backend, "runtime_mounts",
+    monkeypatch.setattr(_scheduler, "runtime_mounts",
                         lambda: [("/usr", True), ("/opt/python", True), ("/opt/venv", True), ("/src/dlrover", True)])
     monkeypatch.setattr(sys, "executable", "/opt/venv/bin/python")
-    monkeypatch.setattr(docker_backend, "_cores", lambda: 8)
+    monkeypatch.setattr(_scheduler, "_cores", lambda: 8)
 
     def no_engine(*a, **k):
         raise AssertionError("dryrun must not talk to the engine")
@@ -93,6 +99,8 @@ def test_dryrun_is_pure_and_matches_the_golden_file(tmp_path, monkeypatch):
     plan = job.dryrun()
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
     assert plan.scheduler == "docker" and list(plan.files) == ["containers.json"]
+    assert isinstance(plan.request, DockerRequest) and plan.files["containers.json"] == plan.request.render()
+    assert DockerRequest.parse(plan.files["containers.json"], docker_host=plan.request.docker_host) == plan.request
     text = _normalise(plan.files["containers.json"], plan.job_id, tmp_path)
     if os.environ.get("DLROVER_UPDATE_GOLDEN"):
         GOLDEN.parent.mkdir(exist_ok=True)
@@ -105,21 +113,75 @@ def test_dryrun_is_pure_and_matches_the_golden_file(tmp_path, monkeypatch):
     assert [a["labels"][LABEL_NODE] for a in agents] == ["0", "1"]
     assert {"type": "bind", "source": "/var/run/dlrover-test.sock", "target": "/var/run/dlrover-test.sock",
             "read_only": False} in master["mounts"]
-    assert all(a["shm_size"] == shm_size_bytes(plan.job, 2) > MIN_SHM_BYTES for a in agents)
+    assert all(a["shm_size"] == shm_size_bytes(plan.job, 2, state_mb=600) > MIN_SHM_BYTES for a in agents)
     assert len(plan.workers) == 4 and plan.workers[3].env["MASTER_ADDR"] == "master"
 
 
 def test_shm_size_rule():
-    """/dev/shm of an agent: at least 1 GiB; with a state hint, two slots per rank plus 25 %
-    and 256 MiB; DLROVER_DOCKER_SHM_SIZE wins; no hint or no memory snapshots: 1 GiB."""
+    """/dev/shm of an agent: at least 1 GiB; with a state hint (option state_mb), two slots per
+    rank plus 25 % and 256 MiB; the shm_size option wins; no hint or no memory snapshots: 1 GiB."""
     job = Job(name="shm", entrypoint="dlrover_core.agent", accelerator="cpu")
-    assert shm_size_bytes(job, 4, {}) == 2**30
-    assert shm_size_bytes(job, 1, {"DLROVER_DOCKER_STATE_MB": "10"}) == 2**30
-    assert shm_size_bytes(job, 4, {"DLROVER_DOCKER_STATE_MB": "1024"}) == (4 * 2 * 1024 * 5 // 4 + 256) * 2**20
-    assert shm_size_bytes(job, 4, {"DLROVER_DOCKER_STATE_MB": "1024", "DLROVER_DOCKER_SHM_SIZE": "3g"}) == 3 * 2**30
+    assert shm_size_bytes(job, 4) == 2**30
+    assert shm_size_bytes(job, 1, state_mb=10) == 2**30
+    assert shm_size_bytes(job, 4, state_mb=1024) == (4 * 2 * 1024 * 5 // 4 + 256) * 2**20
+    assert shm_size_bytes(job, 4, state_mb=1024, shm_size="3g") == 3 * 2**30
     no_memory = Job(name="shm", entrypoint="dlrover_core.agent", accelerator="cpu",
                     checkpoint=Checkpoint(memory_every_steps=0))
-    assert shm_size_bytes(no_memory, 4, {"DLROVER_DOCKER_STATE_MB": "4096"}) == 2**30
+    assert shm_size_bytes(no_memory, 4, state_mb=4096) == 2**30
+
+
+def test_an_option_in_the_job_wins_over_its_variable_and_shows_in_the_dry_run(tmp_path, monkeypatch):
+    """scheduler_options={"image": ..., "shm_size": ...}: the containers use them although
+    DLROVER_DOCKER_IMAGE says otherwise; the dry-run text lists every option with its value
+    and where it came from (the Job, the variable, the default)."""
+    for name in (*_DOCKER_ENV, *_OPTION_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DLROVER_DOCKER_IMAGE", "from-env:1")
+    monkeypatch.setenv("DLROVER_DOCKER_STATE_MB", "600")
+    job = _golden_job(tmp_path)
+    plan = job.dryrun()
+    assert {c.image for c in plan.request.containers} == {"from-env:1"}
+    job = Job(**{**{f: getattr(job, f) for f in ("name", "entrypoint", "args", "nodes", "accelerator", "scheduler",
+                                                    "workdir", "checkpoint", "log_dir")},
+                 "scheduler_options": {"image": "from-job:2", "shm_size": "2g"}})
+    plan = job.dryrun()
+    assert {c.image for c in plan.request.containers} == {"from-job:2"}
+    assert {c.shm_size for c in plan.request.agents} == {2 * 2**30}
+    text = str(plan)
+    assert '    image="from-job:2"  (job)' in text and '    shm_size="2g"  (job)' in text
+    assert "    state_mb=600.0  ($DLROVER_DOCKER_STATE_MB)" in text
+    assert '    docker_host="unix:///var/run/docker.sock"  (default)' in text
+
+
+def test_options_are_checked_naming_the_option(tmp_path):
+    """An unknown option, a value of the wrong type, or a size that is not one: JobSpecError
+    naming scheduler_options['<name>'] and the fix."""
+    job = _golden_job(tmp_path)
+    fields = {f: getattr(job, f) for f in ("name", "entrypoint", "nodes", "accelerator", "scheduler", "workdir",
+                                           "log_dir")}
+    with pytest.raises(JobSpecError, match=r"scheduler_options\['imgae'\].*an option of scheduler 'docker': "
+                                           r"docker_host, image, mounts"):
+        Job(**fields, scheduler_options={"imgae": "x"}).validate()
+    with pytest.raises(JobSpecError, match=r"scheduler_options\['mounts'\]='/data'.*a list\[str\]") as info:
+        Job(**fields, scheduler_options={"mounts": "/data"}).dryrun()
+    assert info.value.field == "scheduler_options['mounts']"
+    with pytest.raises(JobSpecError, match=r"scheduler_options\['shm_size'\]='lots'.*not a size"):
+        Job(**fields, scheduler_options={"shm_size": "lots"}).dryrun()
+
+
+def test_without_the_docker_sdk_the_scheduler_says_what_to_install(tmp_path, monkeypatch):
+    """dlrover-core does not need the docker SDK; using the docker scheduler without it fails
+    at once with SchedulerError naming pip install 'dlrover-core[docker]'."""
+    monkeypatch.setitem(sys.modules, "docker", None)  # `import docker` now raises ImportError
+    with pytest.raises(SchedulerError, match=r"pip install 'dlrover-core\[docker\]'"):
+        _golden_job(tmp_path).dryrun()
+    with pytest.raises(SchedulerError, match=r"pip install 'dlrover-core\[docker\]'"):
+        DockerScheduler().client  # noqa: B018 - the property connects
+    check = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.modules['docker'] = None; import dlrover_core, dlrover_core.cli; "
+         "from dlrover_core.plugins import get_host; print(get_host().registries.scheduler.names())"],
+        capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0 and "docker" in check.stdout, check.stderr
 
 
 def test_runtime_mounts_cover_the_interpreter_the_venv_and_dlrover():
@@ -131,7 +193,7 @@ def test_runtime_mounts_cover_the_interpreter_the_venv_and_dlrover():
     needed = [str(Path(sys.executable).resolve()), sys.prefix, str(Path(dlrover_core.__file__).resolve()),
               str(Path(os.__file__).resolve())]
     for path in needed:
-        assert any(docker_backend._under(path, m) for m, _ in mounts), (path, mounts)
+        assert any(_mounts.under(path, m) for m, _ in mounts), (path, mounts)
 
 
 def test_transient_errors_are_retried_and_permanent_ones_keep_the_engine_message():
@@ -161,7 +223,7 @@ def test_transient_errors_are_retried_and_permanent_ones_keep_the_engine_message
 
     calls.clear()
     with pytest.raises(SchedulerError, match="create container x failed: invalid mount config for type bind"):
-        docker_backend._call(bad_request, "create container x")
+        _engine.call(bad_request, "create container x")
     assert len(calls) == 1
 
 
@@ -358,7 +420,7 @@ def test_killed_node_container_is_relaunched_by_the_master_and_the_job_finishes(
 
 _FROM_A_NEW_PROCESS = """
 import json, sys
-from dlrover_core.schedulers.base import JobHandle
+from dlrover_core.scheduler_backend import JobHandle
 from dlrover_core.schedulers.docker import DockerScheduler
 handle = JobHandle(**json.loads(sys.argv[1]))
 backend = DockerScheduler()
@@ -394,7 +456,7 @@ def test_cancel_from_a_new_process_removes_every_container_and_the_network(engin
 def test_a_master_that_cannot_start_fails_the_submit_and_leaves_nothing(engine, tmp_path, monkeypatch):
     """An image without the interpreter the plan names: submit raises SchedulerError with the
     master container's exit code and output, and removes what it had created (network, master)."""
-    monkeypatch.setenv(docker_backend.ENV_PYTHON, "/nonexistent/python3")
+    monkeypatch.setenv("DLROVER_DOCKER_PYTHON", "/nonexistent/python3")
     with pytest.raises(SchedulerError, match=r"(?s)master did not start.*No such file or directory"):
         _job(tmp_path, "--steps", "1").submit()
     (run_dir,) = (tmp_path / "runs").iterdir()

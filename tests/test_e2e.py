@@ -75,7 +75,7 @@ def test_exhausted_budget_fails_and_leaves_nothing(tmp_path):
     assert [f.exit_code for f in result.failures if f.rank == 0] == [7, 7]
     time.sleep(0.5)
     assert job_processes(result.job_id) == []
-    assert shm_entries() - shm_before == set()
+    assert {e for e in shm_entries() - shm_before if result.job_id in e} == set()  # other jobs may run meanwhile
 
 
 @pytest.mark.timeout(180)

@@ -16,6 +16,7 @@ from dlrover_core.checkpoint.memory import MemorySnapshots
 from dlrover_core.checkpoint.saver import CheckpointSaver, shard_path
 from dlrover_core.checkpoint.shm import SHM_DIR, SnapshotSlot, remove_segments, segment_name
 from dlrover_core.master.checkpoints import CheckpointCoordinator
+from dlrover_core.protocol import RestoreDecision, RestorePlanRequest, ShardAnswer, ShardReport
 from dlrover_core.retry import storage_retrying
 from dlrover_core.storage.posix import PosixStorage
 
@@ -89,9 +90,9 @@ def test_a_writer_killed_mid_copy_leaves_no_readable_torn_slot(job_id):
 
 def test_saver_persists_flagged_snapshots_with_crc(job_id, tmp_path):
     storage = PosixStorage(str(tmp_path))
-    reports = []
+    reports: list[ShardReport] = []
     saver = CheckpointSaver(job_id=job_id, node_id=0, storage=storage,
-                            report=lambda endpoint, body: reports.append((endpoint, body)) or {"committed": None})
+                            report_shard=lambda shard: reports.append(shard) or ShardAnswer(), report_error=print)
     snaps = MemorySnapshots(job_id=job_id, node_id=0, rank=0)
     try:
         saver.set_ranks([0])
@@ -102,9 +103,9 @@ def test_saver_persists_flagged_snapshots_with_crc(job_id, tmp_path):
         assert saver.persist_due() == 0  # once only
         data = (tmp_path / shard_path(2, 0, 0)).read_bytes()
         entries, _, start = parse_header(data)
-        (endpoint, body), = reports
-        assert endpoint == "checkpoint_shard" and body["step"] == 2 and body["rank"] == 0
-        assert body["crc32"] == zlib.crc32(data[start:])
+        shard, = reports
+        assert shard.step == 2 and shard.rank == 0
+        assert shard.crc32 == zlib.crc32(data[start:])
         state, _ = decode(data)
         assert torch.equal(state["state"]["w"], torch.full((1000,), 2.0))
         # at a breakpoint, unflagged snapshots newer than the last commit are persisted too
@@ -121,15 +122,15 @@ def test_saver_reports_storage_errors_and_goes_on(job_id, tmp_path):
     blocked.write_text("a file where a directory should be")  # every write under it fails
     reports = []
     saver = CheckpointSaver(job_id=job_id, node_id=0, storage=PosixStorage(str(blocked)),
-                            report=lambda endpoint, body: reports.append((endpoint, body)) or {},
+                            report_shard=lambda shard: ShardAnswer(), report_error=reports.append,
                             retrying=lambda: storage_retrying(sleep=lambda s: None))
     snaps = MemorySnapshots(job_id=job_id, node_id=0, rank=0)
     try:
         saver.set_ranks([0])
         snaps.save(layout(2), step=2, world_size=1, persist=True)
         assert saver.persist_due() == 0
-        assert reports and reports[0][0] == "checkpoint_error" and reports[0][1]["step"] == 2
-        assert not reports[0][1].get("fatal")  # a failed write is reported; training goes on
+        assert reports and reports[0].step == 2
+        assert not reports[0].fatal  # a failed write is reported; training goes on
         result = saver.flush(5)  # ...but the final checkpoint is not durable, and flush says why
         assert not result.ok and result.step == 2 and str(blocked) in result.reason and "Error" in result.reason
     finally:
@@ -145,13 +146,16 @@ def test_commit_needs_every_rank_and_only_moves_forward(tmp_path):
         for r in range(2):
             storage.write_bytes(shard_path(step, r), b"x")
     storage.write_bytes(shard_path(25, 0), b"torn")  # a step that never completes
-    assert c.shard_done(step=10, rank=0, world_size=2, info={"crc32": 1, "bytes": 1}) == {"committed": None}
-    assert c.shard_done(step=10, rank=1, world_size=2, info={"crc32": 2, "bytes": 1}) == {"committed": 10}
+    def shard(step, rank, **info):
+        return ShardReport(node_id=0, rank=rank, step=step, world_size=2, **info)
+
+    assert c.shard_done(shard(10, 0, crc32=1, bytes=1)) == ShardAnswer(committed=None)
+    assert c.shard_done(shard(10, 1, crc32=2, bytes=1)) == ShardAnswer(committed=10)
     assert storage.latest_step() == 10
     for step in (20, 30):
-        c.shard_done(step=step, rank=0, world_size=2, info={})
-        c.shard_done(step=step, rank=1, world_size=2, info={})
-    assert c.shard_done(step=20, rank=0, world_size=2, info={}) == {"committed": 30}  # stale: ignored
+        c.shard_done(shard(step, 0))
+        c.shard_done(shard(step, 1))
+    assert c.shard_done(shard(20, 0)) == ShardAnswer(committed=30)  # stale: ignored
     assert storage.latest_step() == 30
     assert sorted({p.split("/")[0] for p in storage.list() if p.startswith("step_")}) == [
         "step_0000000020", "step_0000000030"]  # keep_last=2; the torn 25 is gone too
@@ -175,10 +179,13 @@ def test_restore_decision(tmp_path, held, committed, want):
     if committed is not None:
         storage.commit(committed)
     c = CheckpointCoordinator(storage, keep_last=3, event=lambda *a, **k: None)
-    answers = [c.restore_plan(round_index=1, rank=r, world_size=2, memory=s) for r, s in held.items()]
-    assert answers[0] == {"state": "waiting"}
-    assert (answers[1]["source"], answers[1]["step"]) == want
-    assert c.restore_plan(round_index=1, rank=0, world_size=2, memory=[]) == answers[1]  # decided once
+    def plan(rank, steps):  # snapshots of round 0, as older workers report them
+        return c.restore_plan(RestorePlanRequest(round=1, rank=rank, world_size=2, memory_steps=tuple(steps)))
+
+    answers = [plan(r, s) for r, s in held.items()]
+    assert answers[0] == RestoreDecision(state="waiting")
+    assert (answers[1].source, answers[1].step) == want
+    assert plan(0, []) == answers[1]  # decided once
 
 
 def test_segments_live_in_the_shm_dir(job_id):
@@ -194,7 +201,8 @@ def test_a_snapshot_awaiting_its_persist_is_not_overwritten(job_id, tmp_path):
     requested is dropped: a memory-only save is skipped, and a save asking for persistence
     waits until the saver frees a slot (backpressure); every requested step is written."""
     storage = PosixStorage(str(tmp_path))
-    saver = CheckpointSaver(job_id=job_id, node_id=0, storage=storage, report=lambda e, b: {"committed": None})
+    saver = CheckpointSaver(job_id=job_id, node_id=0, storage=storage, report_shard=lambda shard: ShardAnswer(),
+                            report_error=print)
     snaps = MemorySnapshots(job_id=job_id, node_id=0, rank=0)
     try:
         saver.set_ranks([0])

@@ -10,6 +10,16 @@ from dlrover_core import Failure, Job, JobState, Nodes
 from dlrover_core.master.failures import signal_name
 from dlrover_core.master.goodput import GoodputTracker
 from dlrover_core.master.job_master import JobMaster
+from dlrover_core.protocol import (
+    Exited,
+    FailureReport,
+    Heartbeat,
+    Join,
+    Poll,
+    Register,
+    Succeeded,
+    WorkerFailure,
+)
 
 
 class Clock:
@@ -35,40 +45,50 @@ def master(workdir):
 
 def form_round(m):
     for n in (0, 1):
-        m.register(n, "h", 100 + n)
-        m.join(n, 1)
-    return [m.poll(n) for n in (0, 1)]
+        m.register(Register(node_id=n, host="h", pid=100 + n))
+        m.join(Join(node_id=n, nproc=1))
+    return [m.poll(Poll(node_id=n)) for n in (0, 1)]
+
+
+def fail(m, node_id, round_index, rank, exit_code):
+    """Node ``node_id`` reports its worker ``rank`` exited with ``exit_code``."""
+    return m.failure(FailureReport(node_id=node_id, round=round_index, failures=(
+        WorkerFailure.exited(rank=rank, local_rank=0, exit_code=exit_code),)))
+
+
+def beat(m, node_id, round_index):
+    return m.heartbeat(Heartbeat(node_id=node_id, round=round_index))
 
 
 def test_round_assigns_ranks_and_fresh_store(master):
     w0, w1 = form_round(master)
-    assert (w0["state"], w0["node_rank"], w0["rank_offset"], w0["world_size"]) == ("ready", 0, 0, 2)
-    assert (w1["node_rank"], w1["rank_offset"]) == (1, 1)
-    assert w0["store_port"] == 5000
+    assert (w0.state, w0.node_rank, w0.rank_offset, w0.world_size) == ("ready", 0, 0, 2)
+    assert (w1.node_rank, w1.rank_offset) == (1, 1)
+    assert w0.store_port == 5000
     assert master.state == JobState.RUNNING
 
 
 def test_failure_restarts_everyone_once_per_round(master):
     """The first failure of a round uses one restart; its consequences on other nodes do not."""
     form_round(master)
-    a = master.failure(1, 0, [{"rank": 1, "local_rank": 0, "exit_code": -9}])
-    assert a["action"] == "restart" and master.restarts == 1
-    assert master.heartbeat(0, 0)["action"] == "restart"
-    b = master.failure(0, 0, [{"rank": 0, "local_rank": 0, "exit_code": 1}])
-    assert b["action"] == "restart" and master.restarts == 1
+    a = fail(master, 1, 0, rank=1, exit_code=-9)
+    assert a.action == "restart" and master.restarts == 1
+    assert beat(master, 0, 0).action == "restart"
+    b = fail(master, 0, 0, rank=0, exit_code=1)
+    assert b.action == "restart" and master.restarts == 1
     w0, w1 = form_round(master)
-    assert w0["round"] == 1 and w0["store_port"] == 5001 and w0["restart_count"] == 1
-    assert master.heartbeat(0, 1)["action"] == "none"
+    assert w0.round == 1 and w0.store_port == 5001 and w0.restart_count == 1
+    assert beat(master, 0, 1).action == "none"
     rec = master.result().failures[0]
     assert (rec.rank, rec.signal, rec.exit_code) == (1, "SIGKILL", -9)
 
 
 def test_exhausted_budget_fails_with_reason(master):
     form_round(master)
-    master.failure(1, 0, [{"rank": 1, "local_rank": 0, "exit_code": -9}])
+    fail(master, 1, 0, rank=1, exit_code=-9)
     form_round(master)
-    a = master.failure(0, 1, [{"rank": 0, "local_rank": 0, "exit_code": 3}])
-    assert a["action"] == "stop"
+    a = fail(master, 0, 1, rank=0, exit_code=3)
+    assert a.action == "stop"
     result = master.result()
     assert result.state == JobState.FAILED
     assert "max_restarts=1" in result.reason and "exit code 3" in result.reason
@@ -76,37 +96,37 @@ def test_exhausted_budget_fails_with_reason(master):
 
 def test_success_needs_every_node_of_the_round(master):
     form_round(master)
-    assert master.succeeded(0, 0)["action"] == "none"
+    assert master.succeeded(Succeeded(node_id=0, round=0)).action == "none"
     assert master.state == JobState.RUNNING
-    assert master.succeeded(1, 0)["action"] == "stop"
+    assert master.succeeded(Succeeded(node_id=1, round=0)).action == "stop"
     assert master.state == JobState.SUCCEEDED
     assert not master.drained()
-    master.exited(0)
-    master.exited(1)
+    master.exited(Exited(node_id=0))
+    master.exited(Exited(node_id=1))
     assert master.drained()
 
 
 def test_silent_node_is_declared_dead(master):
     form_round(master)
     master.clock.t += 31
-    master.heartbeat(0, 0)
+    beat(master, 0, 0)
     master.tick()
     assert master.nodes[1].state == "dead"
     assert master.state == JobState.FAILED and "node 1 lost" in master.reason
 
 
 def test_rendezvous_timeout(master):
-    master.register(0, "h", 1)
-    master.join(0, 1)
+    master.register(Register(node_id=0, host="h", pid=1))
+    master.join(Join(node_id=0, nproc=1))
     master.clock.t += 601
-    master.heartbeat(0, -1)
+    beat(master, 0, -1)
     master.tick()
     assert master.state == JobState.FAILED and "timed out" in master.reason
 
 
 def test_events_are_journaled(master, workdir):
     form_round(master)
-    master.failure(1, 0, [{"rank": 1, "local_rank": 0, "exit_code": -9}])
+    fail(master, 1, 0, rank=1, exit_code=-9)
     kinds = [json.loads(line)["kind"] for line in (workdir / "events.jsonl").read_text().splitlines()]
     assert kinds == ["rendezvous_completed", "worker_failed", "workers_restarted"]
     assert [e.kind for e in master.events] == kinds

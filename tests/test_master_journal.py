@@ -24,6 +24,7 @@ from dlrover_core import Checkpoint, Failure, Job, JobState
 from dlrover_core.errors import DLRoverError
 from dlrover_core.master.job_master import JobMaster
 from dlrover_core.master.journal import Journal
+from dlrover_core.protocol import FailureReport, Heartbeat, Join, Joined, Poll, Register, Succeeded, WorkerFailure
 
 
 class Clock:
@@ -89,8 +90,8 @@ def pending_relaunches(workdir: Path) -> list[int]:
 
 def join_all(m: JobMaster, nodes=(0, 1)) -> None:
     for n in nodes:
-        m.register(n, "h", 100 + n)
-        m.join(n, 1)
+        m.register(Register(node_id=n, host="h", pid=100 + n))
+        m.join(Join(node_id=n, nproc=1))
 
 
 # ----- fast: JobMaster and Journal -------------------------------------------------------------
@@ -103,8 +104,9 @@ def test_each_decision_is_journaled_before_its_answer(workdir):
     join_all(m)
     snap = journaled(workdir)
     assert snap["round"] == {"index": 0, "node_ids": [0, 1], "nproc": [1, 1], "store_port": 5000}
-    assert m.poll(0)["state"] == "ready" and m.poll(1)["state"] == "ready"
-    assert m.failure(1, 0, [{"rank": 1, "local_rank": 0, "exit_code": -9}])["action"] == "restart"
+    assert m.poll(Poll(node_id=0)).state == "ready" and m.poll(Poll(node_id=1)).state == "ready"
+    sigkill = WorkerFailure.exited(rank=1, local_rank=0, exit_code=-9)
+    assert m.failure(FailureReport(node_id=1, round=0, failures=(sigkill,))).action == "restart"
     snap = journaled(workdir)
     assert (snap["required_round"], snap["restarts"]) == (1, 1)
 
@@ -112,12 +114,12 @@ def test_each_decision_is_journaled_before_its_answer(workdir):
 def test_heartbeats_write_nothing(workdir):
     m = master(workdir, job(workdir))
     join_all(m)
-    m.poll(0), m.poll(1)
+    m.poll(Poll(node_id=0)), m.poll(Poll(node_id=1))
     files = workdir / "journal"
     before = {p.name: p.stat().st_mtime_ns for p in files.iterdir()}
     sizes = {p.name: p.stat().st_size for p in files.iterdir()}
     for i in range(500):
-        m.heartbeat(i % 2, 0, steps={i % 2: i}, records=[{"type": "step", "step": i, "dt": 0.01}])
+        m.heartbeat(Heartbeat(node_id=i % 2, round=0, steps={i % 2: i}, records=({"type": "step", "step": i, "dt": 0.01},)))
     assert {p.name: p.stat().st_mtime_ns for p in files.iterdir()} == before
     assert {p.name: p.stat().st_size for p in files.iterdir()} == sizes
 
@@ -130,9 +132,9 @@ def test_restarted_master_reopens_the_round_it_formed(workdir):
     stores = Stores()
     m2 = master(workdir, j, stores=stores, restore=True)
     assert stores.reopened == [5000]
-    w0, w1 = m2.poll(0), m2.poll(1)
-    assert (w0["state"], w0["round"], w0["store_port"]) == ("ready", 0, 5000)
-    assert (w1["state"], w1["node_rank"]) == ("ready", 1)
+    w0, w1 = m2.poll(Poll(node_id=0)), m2.poll(Poll(node_id=1))
+    assert (w0.state, w0.round, w0.store_port) == ("ready", 0, 5000)
+    assert (w1.state, w1.node_rank) == ("ready", 1)
     assert m2.restarts == 0
 
 
@@ -142,21 +144,21 @@ def test_a_join_retried_after_it_formed_the_round_keeps_the_round(workdir):
     j = job(workdir)
     join_all(master(workdir, j))
     m2 = master(workdir, j, restore=True)
-    assert m2.join(1, 1) == {"action": "none", "round": 0}
-    assert m2.poll(1)["state"] == "ready" and m2.poll(0)["state"] == "ready"
+    assert m2.join(Join(node_id=1, nproc=1)) == Joined(action="none", round=0)
+    assert m2.poll(Poll(node_id=1)).state == "ready" and m2.poll(Poll(node_id=0)).state == "ready"
 
 
 def test_an_answer_lost_with_the_master_is_given_again(workdir):
     j = job(workdir)
     m = master(workdir, j)
     join_all(m)
-    assert m.poll(0)["state"] == "ready"  # told; the master dies before node 1 asks
+    assert m.poll(Poll(node_id=0)).state == "ready"  # told; the master dies before node 1 asks
     m2 = master(workdir, j, restore=True)
     assert m2.nodes[0].state == "running" and m2.nodes[1].state == "waiting"
-    again = m2.poll(0)  # node 0 never got its answer: it asks again
-    assert (again["state"], again["round"], again["store_port"]) == ("ready", 0, 5000)
-    assert m2.poll(1)["state"] == "ready"
-    assert m2.heartbeat(0, 0)["action"] == "none"
+    again = m2.poll(Poll(node_id=0))  # node 0 never got its answer: it asks again
+    assert (again.state, again.round, again.store_port) == ("ready", 0, 5000)
+    assert m2.poll(Poll(node_id=1)).state == "ready"
+    assert m2.heartbeat(Heartbeat(node_id=0, round=0)).action == "none"
 
 
 def test_an_agent_in_a_round_the_journal_missed_is_restarted_past_it(workdir):
@@ -165,13 +167,13 @@ def test_an_agent_in_a_round_the_journal_missed_is_restarted_past_it(workdir):
     j = job(workdir)
     m = master(workdir, j)
     join_all(m)
-    m.poll(0), m.poll(1)
+    m.poll(Poll(node_id=0)), m.poll(Poll(node_id=1))
     m2 = master(workdir, j, restore=True)  # knows round 0; the agents run round 3
-    assert m2.heartbeat(0, 3)["action"] == "restart"
-    assert m2.heartbeat(1, 3)["action"] == "restart" and m2.restarts == 0
+    assert m2.heartbeat(Heartbeat(node_id=0, round=3)).action == "restart"
+    assert m2.heartbeat(Heartbeat(node_id=1, round=3)).action == "restart" and m2.restarts == 0
     for n in (0, 1):
-        m2.join(n, 1)
-    assert m2.poll(0)["round"] == 4 and m2.poll(1)["round"] == 4
+        m2.join(Join(node_id=n, nproc=1))
+    assert m2.poll(Poll(node_id=0)).round == 4 and m2.poll(Poll(node_id=1)).round == 4
 
 
 def test_a_round_whose_store_is_gone_is_replaced_not_counted(workdir):
@@ -180,14 +182,14 @@ def test_a_round_whose_store_is_gone_is_replaced_not_counted(workdir):
     j = job(workdir)
     m = master(workdir, j)
     join_all(m)
-    m.poll(0)
+    m.poll(Poll(node_id=0))
     m2 = master(workdir, j, stores=Stores(taken=True), restore=True)
-    assert m2.poll(1)["state"] == "rejoin"
+    assert m2.poll(Poll(node_id=1)).state == "rejoin"
     assert m2.required_round == 1 and m2.restarts == 0
-    assert m2.heartbeat(0, 0)["action"] == "restart"
+    assert m2.heartbeat(Heartbeat(node_id=0, round=0)).action == "restart"
     for n in (0, 1):
-        m2.join(n, 1)
-    assert m2.poll(0)["round"] == 1
+        m2.join(Join(node_id=n, nproc=1))
+    assert m2.poll(Poll(node_id=0)).round == 1
 
 
 def test_successes_survive_a_restart(workdir):
@@ -195,12 +197,12 @@ def test_successes_survive_a_restart(workdir):
     j = job(workdir)
     m = master(workdir, j)
     join_all(m)
-    m.poll(0), m.poll(1)
+    m.poll(Poll(node_id=0)), m.poll(Poll(node_id=1))
     m.write_journal()
-    assert m.succeeded(0, 0)["action"] == "none"
+    assert m.succeeded(Succeeded(node_id=0, round=0)).action == "none"
     m2 = master(workdir, j, restore=True)
     assert m2.state == JobState.RUNNING
-    assert m2.succeeded(1, 0)["action"] == "stop"
+    assert m2.succeeded(Succeeded(node_id=1, round=0)).action == "stop"
     assert m2.state == JobState.SUCCEEDED
 
 
@@ -208,11 +210,11 @@ def test_a_relaunch_is_journaled_before_it_is_issued_and_issued_again_if_lost(wo
     clock = Clock()
     seen: list[list[int]] = []
     j = job(workdir, heartbeat_timeout_s=3)
-    m = master(workdir, j, clock=clock, relaunch=lambda n: seen.append(pending_relaunches(workdir)))
+    m = master(workdir, j, clock=clock, relaunch=lambda request: seen.append(pending_relaunches(workdir)))
     join_all(m)
-    m.poll(0), m.poll(1)
+    m.poll(Poll(node_id=0)), m.poll(Poll(node_id=1))
     clock.t += 4
-    m.heartbeat(0, 0)
+    m.heartbeat(Heartbeat(node_id=0, round=0))
     m.tick()  # node 1 is lost: relaunched
     deadline = time.monotonic() + 5
     while not seen and time.monotonic() < deadline:
@@ -221,19 +223,19 @@ def test_a_relaunch_is_journaled_before_it_is_issued_and_issued_again_if_lost(wo
     # the master dies; whether the relaunch happened is unknown to its successor
     issued: list[int] = []
     clock2 = Clock()
-    m2 = master(workdir, j, clock=clock2, relaunch=issued.append, restore=True)
+    m2 = master(workdir, j, clock=clock2, relaunch=lambda request: issued.append(request.node_id), restore=True)
     assert m2.nodes[1].relaunches == 1
     clock2.t += 2
     m2.tick()
     assert issued == []  # the new agent may still be starting
     clock2.t += 3 + 10  # a heartbeat timeout past the restore grace: never came
-    m2.heartbeat(0, 0)
+    m2.heartbeat(Heartbeat(node_id=0, round=0))
     m2.tick()
     deadline = time.monotonic() + 5
     while not issued and time.monotonic() < deadline:
         time.sleep(0.01)
     assert issued == [1] and m2.nodes[1].relaunches == 2
-    m2.register(1, "h", 555)
+    m2.register(Register(node_id=1, host="h", pid=555))
     assert 1 not in m2.snapshot()["relaunching"]
 
 

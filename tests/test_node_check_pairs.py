@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dlrover_core.master.node_check import NodeCheckRun, pair_fastest_with_slowest, pair_neighbours
+from dlrover_core.protocol import NodeCheckResult, decode
 
 
 def test_neighbours_and_odd_node_out():
@@ -23,11 +24,11 @@ def test_a_node_failing_both_rounds_is_faulty_and_slow_ones_straggle():
     run = NodeCheckRun(nodes=[0, 1, 2, 3, 4, 5])
     assert run.groups == [[0, 1], [2, 3], [4, 5]]
     for n, r in {0: (False, 0), 1: (False, 0), 2: (True, 1.0), 3: (True, 5.0), 4: (True, 1.1), 5: (True, 0.9)}.items():
-        run.report(n, {"ok": r[0], "elapsed_s": r[1] if r[0] else float("inf")})
+        run.report(n, NodeCheckResult(ok=r[0], elapsed_s=r[1] if r[0] else float("inf")))
     assert run.round_done and run.next_round()
     assert run.groups == [[5, 1], [2, 0], [4, 3]]
     for n, r in {0: (True, 1.0), 1: (False, 0), 2: (True, 1.0), 3: (True, 4.0), 4: (True, 1.0), 5: (True, 1.0)}.items():
-        run.report(n, {"ok": r[0], "elapsed_s": r[1] if r[0] else float("inf")})
+        run.report(n, NodeCheckResult(ok=r[0], elapsed_s=r[1] if r[0] else float("inf")))
     assert not run.next_round()
     faulty, stragglers, best = run.verdict()
     assert faulty == [1] and stragglers == [3] and best[3] == 4.0
@@ -36,8 +37,18 @@ def test_a_node_failing_both_rounds_is_faulty_and_slow_ones_straggle():
 def test_with_two_nodes_only_a_local_failure_blames_a_node():
     run = NodeCheckRun(nodes=[0, 1])
     for _ in range(2):
-        run.report(0, {"ok": False, "local_ok": True, "elapsed_s": float("inf")})
-        run.report(1, {"ok": False, "local_ok": False, "elapsed_s": float("inf")})
+        run.report(0, NodeCheckResult(ok=False, local_ok=True, elapsed_s=float("inf")))
+        run.report(1, NodeCheckResult(ok=False, local_ok=False, elapsed_s=float("inf")))
         run.next_round()
     faulty, stragglers, _ = run.verdict()
     assert faulty == [1] and stragglers == []
+
+
+def test_a_result_off_the_wire_blames_its_node():
+    """The agents' results arrive as JSON: a failed local part is seen however it decodes."""
+    run = NodeCheckRun(nodes=[0, 1])
+    for _ in range(2):
+        run.report(0, decode(NodeCheckResult, {"ok": False, "local_ok": True}))
+        run.report(1, decode(NodeCheckResult, {"ok": False, "local_ok": False}))
+        run.next_round()
+    assert run.verdict()[0] == [1]

@@ -14,6 +14,7 @@ from helpers import SCRIPTS, job_processes
 
 from dlrover_core import Checkpoint, Failure, Job, JobState, Nodes
 from dlrover_core.master.job_master import JobMaster
+from dlrover_core.protocol import FailureReport, Heartbeat, Join, Poll, Register, WorkerException, WorkerFailure
 
 
 class Clock:
@@ -35,18 +36,26 @@ def master(workdir: Path, nodes=2, **failure) -> JobMaster:
 
 def form(m: JobMaster, nodes=(0, 1), nproc=1) -> int:
     for n in nodes:
-        m.register(n, "h", 100 + n)
-        m.join(n, nproc)
+        m.register(Register(node_id=n, host="h", pid=100 + n))
+        m.join(Join(node_id=n, nproc=nproc))
     m.tick()
-    rounds = {m.poll(n)["round"] for n in nodes}
+    rounds = {m.poll(Poll(node_id=n)).round for n in nodes}
     assert len(rounds) == 1
     return rounds.pop()
 
 
-def import_error(rank: int) -> dict:
-    return {"rank": rank, "local_rank": 0, "exit_code": 1, "kind": "exception", "exception": {
-        "type": "exception", "exc_type": "ModuleNotFoundError", "message": "No module named 'datasets'",
-        "step": -1, "before_first_step": True, "traceback": "Traceback ...\nModuleNotFoundError: No module named 'datasets'"}}
+def import_error(rank: int) -> WorkerFailure:
+    return WorkerFailure.exited(rank=rank, local_rank=0, exit_code=1, exception=WorkerException(
+        exc_type="ModuleNotFoundError", message="No module named 'datasets'", step=-1, before_first_step=True,
+        traceback="Traceback ...\nModuleNotFoundError: No module named 'datasets'"))
+
+
+def fail(m: JobMaster, node_id: int, round_index: int, *failures: WorkerFailure):
+    return m.failure(FailureReport(node_id=node_id, round=round_index, failures=failures))
+
+
+def sigkill(rank: int) -> WorkerFailure:
+    return WorkerFailure.exited(rank=rank, local_rank=0, exit_code=-9)
 
 
 # ----- fast ------------------------------------------------------------------------------------
@@ -55,10 +64,10 @@ def import_error(rank: int) -> dict:
 def test_the_same_error_before_the_first_step_on_every_rank_stops_at_once(workdir):
     m = master(workdir, max_node_failures=1)
     form(m)
-    first = m.failure(0, 0, [import_error(0)])
-    assert first["action"] == "none"  # the restart waits for the other rank's report
-    assert m.heartbeat(1, 0)["action"] == "none"
-    m.failure(1, 0, [import_error(1)])
+    first = fail(m, 0, 0, import_error(0))
+    assert first.action == "none"  # the restart waits for the other rank's report
+    assert m.heartbeat(Heartbeat(node_id=1, round=0)).action == "none"
+    fail(m, 1, 0, import_error(1))
     assert m.state == JobState.FAILED
     assert "ModuleNotFoundError: No module named 'datasets'" in m.reason
     assert "before its first step" in m.reason and "not of a node" in m.reason
@@ -69,7 +78,7 @@ def test_the_same_error_before_the_first_step_on_every_rank_stops_at_once(workdi
 def test_all_ranks_of_one_report_stop_without_a_restart(workdir):
     m = master(workdir, nodes=1)
     form(m, nodes=(0,), nproc=2)
-    m.failure(0, 0, [import_error(0), import_error(1)])
+    fail(m, 0, 0, import_error(0), import_error(1))
     assert m.state == JobState.FAILED and m.restarts == 0 and m.nodes[0].failures == 0
     assert "ModuleNotFoundError" in m.reason
 
@@ -79,12 +88,12 @@ def test_an_early_error_on_one_rank_only_restarts_after_the_wait(workdir):
     ranks, then goes ahead, and the node is blamed."""
     m = master(workdir)
     form(m)
-    m.failure(0, 0, [import_error(0)])
-    assert m.heartbeat(1, 0)["action"] == "none"
+    fail(m, 0, 0, import_error(0))
+    assert m.heartbeat(Heartbeat(node_id=1, round=0)).action == "none"
     m._clock.t += 11  # past _SCRIPT_ERROR_WAIT_S
-    m.heartbeat(0, 0), m.heartbeat(1, 0)
+    m.heartbeat(Heartbeat(node_id=0, round=0)), m.heartbeat(Heartbeat(node_id=1, round=0))
     m.tick()
-    assert m.heartbeat(1, 0)["action"] == "restart"
+    assert m.heartbeat(Heartbeat(node_id=1, round=0)).action == "restart"
     assert m.restarts == 1 and m.nodes[0].failures == 1 and m.state == JobState.RUNNING
 
 
@@ -93,18 +102,17 @@ def test_an_early_error_then_another_failure_restarts_at_once(workdir):
     differently (not the script's error after all), without costing a second restart."""
     m = master(workdir)
     form(m)
-    m.failure(0, 0, [import_error(0)])
-    assert m.heartbeat(1, 0)["action"] == "none"  # held
-    m.failure(1, 0, [{"rank": 1, "local_rank": 0, "exit_code": -9}])
-    assert m.heartbeat(1, 0)["action"] == "restart" and m.restarts == 1
+    fail(m, 0, 0, import_error(0))
+    assert m.heartbeat(Heartbeat(node_id=1, round=0)).action == "none"  # held
+    fail(m, 1, 0, sigkill(1))
+    assert m.heartbeat(Heartbeat(node_id=1, round=0)).action == "restart" and m.restarts == 1
 
 
 def test_exhausted_budget_names_every_node_and_its_count(workdir):
     m = master(workdir, max_restarts=2, max_node_failures=10)
-    sigkill = {"local_rank": 0, "exit_code": -9}
     for node in (0, 1, 0):
         rnd = form(m)
-        m.failure(node, rnd, [{"rank": node, **sigkill}])
+        fail(m, node, rnd, sigkill(node))
     assert m.state == JobState.FAILED
     assert m.reason.startswith("restart budget exhausted (failure.max_restarts=2) by 3 failures: node 0 (2), "
                                "node 1 (1); last failure: rank 0 on node 0, SIGKILL"), m.reason

@@ -7,13 +7,17 @@ import contextlib
 import os
 import types
 import uuid
+from pathlib import Path
 
+import attrs
 import pytest
 import torch
 
-from dlrover_core import Checkpoint, JobSpecError, JobState, Nodes, PluginError, hookimpl
+from dlrover_core import Checkpoint, JobSpecError, JobState, Nodes, PluginError, SchedulerError, hookimpl
+from dlrover_core.master.__main__ import _relauncher
 from dlrover_core.plugins import PluginHost, get_host
-from dlrover_core.schedulers.base import Capabilities
+from dlrover_core.protocol import NodeRelaunch
+from dlrover_core.scheduler_backend import Capabilities, SchedulerOption
 from dlrover_core.storage.posix import PosixStorage
 from dlrover_core.testing import (
     TESTING_PLUGIN,
@@ -24,6 +28,7 @@ from dlrover_core.testing import (
     register_plugin,
 )
 from dlrover_core.testing import pytest_plugin as kit_pytest_plugin
+from dlrover_core.testing.scheduler import RecordingRequest
 from dlrover_core.train import Checkpointer
 
 # ----- the storage contract ----------------------------------------------------------------
@@ -117,6 +122,102 @@ def test_recording_scheduler_final_state_and_capabilities(dlrover_host, make_job
     with register_plugin(plugin, name="rigid"):
         with pytest.raises(JobSpecError, match="does not run elastic jobs"):
             make_job(scheduler="rigid", nodes=Nodes(min=1, max=2)).dryrun()
+
+
+class QueueScheduler(RecordingScheduler):
+    """A recording scheduler with options, as a backend author declares them."""
+
+    name = "queue"
+    options = (
+        SchedulerOption(name="queue", type=str, default="default", env="DLROVER_QUEUE", help="the queue to submit to"),
+        SchedulerOption(name="priority", type=int, default=0, help="higher runs first"),
+        SchedulerOption(name="tags", type=list, default=(), env="DLROVER_QUEUE_TAGS", help="labels of the job"),
+    )
+
+
+@pytest.fixture
+def queue_scheduler(dlrover_host):
+    plugin = types.SimpleNamespace(dlrover_register_schedulers=hookimpl(lambda register: register(QueueScheduler)))
+    with register_plugin(plugin, name="queue"):
+        yield QueueScheduler
+
+
+def test_options_are_validated_naming_the_option(queue_scheduler, make_job):
+    """An unknown option names the known ones; a value of the wrong type names the type; a
+    scheduler without options says so. Job.validate() (and so dryrun, run, make_job) refuses
+    them before anything is planned."""
+    with pytest.raises(JobSpecError, match=r"scheduler_options\['prio'\]=3: an option of scheduler 'queue': "
+                                           r"priority, queue, tags") as info:
+        make_job(scheduler="queue", scheduler_options={"prio": 3})
+    assert (info.value.field, info.value.value) == ("scheduler_options['prio']", 3)
+    with pytest.raises(JobSpecError, match=r"scheduler_options\['priority'\]='high': an int"):
+        make_job(scheduler="queue", scheduler_options={"priority": "high"})
+    with pytest.raises(JobSpecError, match=r"scheduler_options\['priority'\]=True: an int"):
+        QueueScheduler.check_options({"priority": True})  # a bool is not a number here
+    with pytest.raises(JobSpecError, match=r"scheduler_options\['tags'\]='a,b': a list\[str\]"):
+        QueueScheduler.check_options({"tags": "a,b"})
+    with pytest.raises(JobSpecError, match="scheduler 'recording' takes no options"):
+        make_job(scheduler="recording", scheduler_options={"queue": "gpu"})
+    assert QueueScheduler.dryruns == []
+
+
+def test_an_option_set_in_the_job_wins_over_its_variable_and_shows_in_the_dry_run(queue_scheduler, make_job,
+                                                                                 monkeypatch):
+    """Resolved options: the Job's value, else the variable, else the default; the plan
+    carries them and its text shows each with where it came from."""
+    monkeypatch.setenv("DLROVER_QUEUE", "from-env")
+    monkeypatch.setenv("DLROVER_QUEUE_TAGS", "a, b")
+    plan = make_job(scheduler="queue").dryrun()
+    assert (plan.option("queue"), plan.option("priority"), plan.option("tags")) == ("from-env", 0, ("a", "b"))
+    plan = make_job(scheduler="queue", scheduler_options={"queue": "gpu", "priority": 5}).dryrun()
+    assert [(o.name, o.value, o.source) for o in plan.options] == [
+        ("queue", "gpu", "job"), ("priority", 5, "job"), ("tags", ("a", "b"), "$DLROVER_QUEUE_TAGS")]
+    text = str(plan)
+    assert '    queue="gpu"  (job)\n    priority=5  (job)\n    tags=["a", "b"]  ($DLROVER_QUEUE_TAGS)' in text
+    monkeypatch.setenv("DLROVER_QUEUE_TAGS", "")  # empty: unset
+    assert make_job(scheduler="queue").dryrun().option("tags") == ()
+
+
+def test_a_variable_that_does_not_parse_names_itself(queue_scheduler, make_job, monkeypatch):
+    class Typed(QueueScheduler):
+        options = (SchedulerOption(name="slots", type=int, default=1, env="DLROVER_QUEUE_SLOTS"),)
+
+    monkeypatch.setenv("DLROVER_QUEUE_SLOTS", "many")
+    with pytest.raises(JobSpecError, match=r"DLROVER_QUEUE_SLOTS='many': a whole number: it is the fallback of "
+                                           r"scheduler_options\['slots'\]"):
+        Typed.resolve_options({})
+    assert Typed.resolve_options({"slots": 4})[0].value == 4  # the Job's value: the variable is not read
+
+
+def test_submit_executes_the_typed_request_of_its_own_dryrun(dlrover_host, make_job):
+    """dryrun's plan carries the backend's typed request; submit writes plan.txt and refuses a
+    plan whose request another backend made."""
+    plan = make_job(scheduler="recording").dryrun()
+    assert isinstance(plan.request, RecordingRequest) and plan.request.job_json == plan.files["job.json"]
+    handle = RecordingScheduler().submit(plan)
+    assert (Path(plan.log_dir) / "plan.txt").read_text() == str(plan) + "\n"
+    assert handle.job_id == plan.job_id
+    foreign = attrs.evolve(plan, request={"job.json": plan.files["job.json"]})
+    with pytest.raises(SchedulerError, match="cannot submit this plan"):
+        RecordingScheduler().submit(foreign)
+
+
+def test_the_masters_relaunch_request_reaches_the_backend_with_what_it_replaces(dlrover_host, make_job, tmp_path):
+    """The master asks the job's backend for a node with a NodeRelaunch: the node id, the node
+    it replaces and why; the backend gets it whole."""
+    job = make_job(scheduler="recording", nodes=2)
+    relaunch = _relauncher(job, "job-1", tmp_path / "runs" / "job-1")
+    relaunch(NodeRelaunch(node_id=2, replaces=0, reason="node 0 excluded: straggler", attempt=0))
+    ((handle, request),) = RecordingScheduler.relaunched
+    assert (handle.job_id, handle.scheduler) == ("job-1", "recording")
+    assert (request.node_id, request.replaces, request.reason) == (2, 0, "node 0 excluded: straggler")
+
+
+def test_status_is_the_masters_answer_mapped_by_the_protocol(dlrover_host, make_job):
+    RecordingScheduler.final_state = JobState.FAILED
+    run = make_job(scheduler="recording", nodes=3).submit()
+    status = run.status()
+    assert (status.state, status.max_nodes, status.step) == (JobState.FAILED, 3, -1)
 
 
 # ----- register_plugin and fresh_host ------------------------------------------------------

@@ -12,13 +12,19 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from dlrover_core import env
+from dlrover_core.agent.agent import ElasticAgent
 from dlrover_core.logging import configure, get_logger
+from dlrover_core.plugins import get_host
+from dlrover_core.protocol.client import MasterClient
+from dlrover_core.retry import rpc_retrying
+from dlrover_core.spec import JobSpec
 
 
-def _watch(pid: int, on_gone) -> None:
+def _watch(pid: int, on_gone: Callable[[], None]) -> None:
     def loop() -> None:
         while True:
             try:
@@ -44,12 +50,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--master-addr or {env.MASTER_ADDR} is required")
     configure()
     log = get_logger()
-
-    from dlrover_core.agent.agent import ElasticAgent
-    from dlrover_core.plugins import get_host
-    from dlrover_core.protocol.client import MasterClient
-    from dlrover_core.retry import rpc_retrying
-    from dlrover_core.spec import JobSpec
 
     job = JobSpec.from_dict(json.loads(os.environ[env.JOB_SPEC]))
     accelerator = get_host().create_accelerator(os.environ.get(env.ACCELERATOR) or job.accelerator)

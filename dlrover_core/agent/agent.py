@@ -33,9 +33,9 @@ The agent removes its segments when it exits, and stale ones of its node when it
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -43,16 +43,36 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol, TypeVar
 
+from dlrover_core.agent.hang import PEER_DUMP_GRACE_S, HangWatcher
 from dlrover_core.agent.launch import worker_argv, worker_env
 from dlrover_core.agent.progress import ProgressTail
 from dlrover_core.agent.workers import Standby, WorkerProcess, kill_trees
 from dlrover_core.checkpoint.saver import CheckpointSaver
 from dlrover_core.checkpoint.shm import node_prefix, remove_segments
-from dlrover_core.errors import MasterUnavailableError, RendezvousError
+from dlrover_core.errors import MasterUnavailableError, ProtocolError, RendezvousError
 from dlrover_core.logging import get_logger
 from dlrover_core.protocol.client import MasterClient
+from dlrover_core.protocol.codec import decode
+from dlrover_core.protocol.messages import (
+    Action,
+    CheckpointErrorReport,
+    Exited,
+    FailureReport,
+    Heartbeat,
+    Join,
+    NodeCheckReport,
+    NodeCheckResult,
+    Poll,
+    PollState,
+    Register,
+    RoundAssignment,
+    ShardAnswer,
+    ShardReport,
+    Succeeded,
+    WorkerFailure,
+)
 from dlrover_core.spec import JobSpec
 
 __all__ = ["ElasticAgent"]
@@ -60,17 +80,22 @@ __all__ = ["ElasticAgent"]
 log = get_logger()
 
 _POLL_S = 0.05
-#: Least time a worker gets before its first report before it counts as hung (seconds).
-_STARTUP_S = 300.0
 #: After a failure, how long restarted workers get to restore before the agent persists
 #: the snapshots held in memory anyway (seconds).
 _BREAKPOINT_GRACE_S = 10.0
-#: After reporting a hang, how long the agent leaves its hung workers alive, so that the
-#: other agents dump their workers' stacks before the connections they hang on drop (seconds).
-_PEER_DUMP_GRACE_S = 2.0
 #: After a worker raised before its first step, how long its node's other workers get to
 #: raise the same (seconds).
 _SIBLING_ERROR_WAIT_S = 3.0
+
+
+class _Answer(Protocol):
+    """An answer of the master that says whether the asking agent was replaced."""
+
+    @property
+    def fenced(self) -> bool: ...
+
+
+_A = TypeVar("_A", bound=_Answer)
 
 
 class ElasticAgent:
@@ -120,10 +145,12 @@ class ElasticAgent:
         self._breakpoint_due: float | None = None  # monotonic deadline of a pending breakpoint save
         self._storage = storage
         self.saver: CheckpointSaver | None = None
+        self.hangs = HangWatcher(node_id=node_id, node_dir=self.node_dir, hang_timeout_s=job.failure.hang_timeout_s,
+                                 storage_busy=lambda: self.saver is not None and self.saver.busy())
         # heartbeat thread state (guarded by _state_lock: the tails are read by both threads)
         self._state_lock = threading.RLock()
         self._round: int | None = None  # the round whose workers run, None between rounds
-        self._ordered: tuple[int, str] | None = None  # (round, action) a heartbeat answer ordered
+        self._ordered: tuple[int, Action] | None = None  # (round, action) a heartbeat answer ordered
         self._hb_stop = threading.Event()
         self._hb_thread: threading.Thread | None = None
         self._beat_lock = threading.Lock()  # held for a whole heartbeat (drain, send, answer)
@@ -146,17 +173,28 @@ class ElasticAgent:
 
     # ----- calls to the master ----------------------------------------------------------------
 
-    def _call(self, name: str, body: dict[str, Any], client: MasterClient | None = None) -> dict[str, Any]:
-        """Call the master for this node (``node_id`` and the fencing token added). A
-        ``fenced`` answer stops this agent for good."""
-        answer = (client or self.client).call(name, {"node_id": self.node_id, "token": self.token or None, **body})
-        if answer.get("fenced") and not self._fenced.is_set():
+    @property
+    def _token(self) -> int | None:
+        """The fencing token every call for this node carries (``None`` before ``register``)."""
+        return self.token or None
+
+    def _heed(self, answer: _A) -> _A:
+        """Look at an answer to a call for this node: a ``fenced`` one stops this agent for good."""
+        if answer.fenced and not self._fenced.is_set():
             log.error("agent_fenced", node_id=self.node_id, token=self.token,
                       reason="the master replaced this agent (it was silent past failure.heartbeat_timeout_s); "
                              "stopping without touching the replacement's workers, memory or files")
             self._fenced.set()
             self._stop.set()
         return answer
+
+    def _report_shard(self, client: MasterClient, shard: ShardReport) -> ShardAnswer:
+        """The saver's report of a durable shard (on its own client)."""
+        return self._heed(client.checkpoint_shard(shard))
+
+    def _report_checkpoint_error(self, client: MasterClient, error: CheckpointErrorReport) -> None:
+        """The saver's report of a failed shard write (on its own client)."""
+        self._heed(client.checkpoint_error(error))
 
     @property
     def _shm_prefix(self) -> str:
@@ -165,8 +203,8 @@ class ElasticAgent:
     def run(self) -> int:
         """Run until the master says stop; return the process exit code."""
         self.node_dir.mkdir(parents=True, exist_ok=True)
-        answer = self._call("register", {"host": socket.gethostname(), "pid": os.getpid()})
-        self.token = int(answer.get("token") or 0)
+        answer = self.client.register(Register(node_id=self.node_id, host=socket.gethostname(), pid=os.getpid()))
+        self.token = answer.token
         # segments of this node's earlier agents (a crashed or replaced one) are stale
         stale = remove_segments(node_prefix(self.job_id, self.node_id))
         if stale:
@@ -176,7 +214,8 @@ class ElasticAgent:
             self.saver = CheckpointSaver(
                 job_id=self.job_id, node_id=self.node_id, storage=self._storage, agent=self.token,
                 persist_timeout_s=self.job.checkpoint.persist_timeout_s,
-                report=lambda endpoint, body: self._call(endpoint, body, client=saver_client))
+                report_shard=functools.partial(self._report_shard, saver_client),
+                report_error=functools.partial(self._report_checkpoint_error, saver_client))
             self.saver.start()
         self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="dlrover-heartbeat", daemon=True)
         self._hb_thread.start()
@@ -186,7 +225,7 @@ class ElasticAgent:
                 world = self._rendezvous()
                 if world is None:
                     break
-                if self._run_round(world) == "stop":
+                if self._run_round(world) == Action.STOP:
                     break
         except MasterUnavailableError as exc:
             log.error("master_unreachable", node_id=self.node_id, error=str(exc))
@@ -223,7 +262,7 @@ class ElasticAgent:
             self._hb_thread.join(timeout=10)
         if not self._fenced.is_set():
             with contextlib.suppress(Exception):  # the master may already be gone
-                self._call("exited", {})
+                self.client.exited(Exited(node_id=self.node_id, token=self._token))
 
     # ----- heartbeats (own thread) ------------------------------------------------------------
 
@@ -243,63 +282,63 @@ class ElasticAgent:
         finally:
             client.close()
 
-    def _beat(self, client: MasterClient | None = None) -> str:
+    def _beat(self, client: MasterClient | None = None) -> Action:
         """One heartbeat: the round's progress, worker pids and storage saves; returns the
         master's action (``"none"`` between rounds)."""
         with self._beat_lock:  # one heartbeat at a time: the last progress never overtakes the one before
             return self._beat_once(client)
 
-    def _beat_once(self, client: MasterClient | None) -> str:
+    def _beat_once(self, client: MasterClient | None) -> Action:
         with self._state_lock:
             round_index = self._round
             steps, records, saves, taken = self._drain() if round_index is not None else ({}, [], {}, {})
             tails = dict(self._tails)
-            workers = {str(w.rank): w.pid for w in self.workers if w.poll() is None} if round_index is not None else {}
+            workers = {w.rank: w.pid for w in self.workers if w.poll() is None} if round_index is not None else {}
+        beat = Heartbeat(node_id=self.node_id, round=-1 if round_index is None else round_index, workers=workers,
+                         steps=steps, records=tuple(records), saves={k: tuple(v) for k, v in saves.items()},
+                         pid=os.getpid(), token=self._token)
         try:
-            answer = self._call("heartbeat", {
-                "round": -1 if round_index is None else round_index, "workers": workers,
-                "steps": {str(k): v for k, v in steps.items()}, "records": records,
-                "saves": {str(k): v for k, v in saves.items()}, "pid": os.getpid(),
-            }, client=client)
+            answer = self._heed((client or self.client).heartbeat(beat))
         except MasterUnavailableError:
             with self._state_lock:  # deliver them with the next heartbeat
                 for rank, records_taken in taken.items():
                     tails[rank].put_back(records_taken)
             raise
-        action = str(answer.get("action", "none"))
+        action = answer.action
         if round_index is None:
-            return "none"
-        if action != "none":
+            return Action.NONE
+        if action != Action.NONE:
             with self._state_lock:
                 if self._round == round_index and self._ordered is None:
                     self._ordered = (round_index, action)
         return action
-        if self._signal is not None:
-            log.info("agent_signalled", node_id=self.node_id, signal=signal.Signals(self._signal).name)
-            return 128 + self._signal
-        return 0
 
     # ----- rendezvous --------------------------------------------------------------------
 
-    def _rendezvous(self) -> dict[str, Any] | None:
-        answer = self._call("join", {"nproc": self.nproc})
-        if answer.get("action") == "stop":
+    def _join(self) -> Action:
+        return self._heed(self.client.join(Join(node_id=self.node_id, nproc=self.nproc, token=self._token))).action
+
+    def _rendezvous(self) -> RoundAssignment | None:
+        """Join the next round and poll until it formed: this node's place in it (``None``:
+        stop)."""
+        if self._join() == Action.STOP:
             return None
         deadline = time.monotonic() + self.job.nodes.join_timeout_s
         while not self._stop.is_set():
-            answer = self._call("poll", {})
-            if answer["state"] == "ready":
-                log.info("rendezvous_ready", node_id=self.node_id, round=answer["round"],
-                         node_rank=answer["node_rank"], world_size=answer["world_size"])
+            answer = self._heed(self.client.poll(Poll(node_id=self.node_id, token=self._token)))
+            if answer.state == PollState.READY:
+                log.info("rendezvous_ready", node_id=self.node_id, round=answer.round,
+                         node_rank=answer.node_rank, world_size=answer.world_size)
                 return answer
-            if answer["state"] == "stop":
+            if answer.state == PollState.STOP:
                 return None
             self._breakpoint_tick(restored=False)
-            if answer["state"] == "rejoin":
-                self._call("join", {"nproc": self.nproc})
-            if answer["state"] == "check":
+            if answer.state == PollState.REJOIN:
+                self._join()
+            if answer.state == PollState.CHECK:
                 result = self._node_check(answer)
-                self._call("node_check", {"check_round": answer["check_round"], "result": result})
+                self._heed(self.client.node_check(NodeCheckReport(
+                    node_id=self.node_id, check_round=answer.check_round, result=result, token=self._token)))
                 continue
             if time.monotonic() > deadline:
                 raise RendezvousError(f"node {self.node_id}: no round formed within nodes.join_timeout_s="
@@ -307,16 +346,16 @@ class ElasticAgent:
             self._stop.wait(0.02)
         return None
 
-    def _node_check(self, order: dict[str, Any]) -> dict[str, Any]:
+    def _node_check(self, order: RoundAssignment) -> NodeCheckResult:
         """Run this node's part of a node check round (a subprocess in the check group)."""
-        env = {**os.environ, "RANK": str(order["group_rank"]), "WORLD_SIZE": str(order["group_size"]),
-               "MASTER_ADDR": str(order["store_host"]), "MASTER_PORT": str(order["store_port"]),
-               "DLROVER_CHECK_PREFIX": order["prefix"], "DLROVER_ACCELERATOR": self.accelerator.name,
+        env = {**os.environ, "RANK": str(order.group_rank), "WORLD_SIZE": str(order.group_size),
+               "MASTER_ADDR": order.store_host, "MASTER_PORT": str(order.store_port),
+               "DLROVER_CHECK_PREFIX": order.prefix, "DLROVER_ACCELERATOR": self.accelerator.name,
                "DLROVER_NODE_ID": str(self.node_id),
                **self.accelerator.worker_env(0, 1)}
         proc = subprocess.Popen([sys.executable, "-m", "dlrover_core.agent.node_check"], env=env, cwd=self.job.workdir,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + order["timeout_s"]
+        deadline = time.monotonic() + order.timeout_s
         stdout = stderr = ""
         while True:
             try:
@@ -328,28 +367,32 @@ class ElasticAgent:
                     stdout, stderr = proc.communicate()
                     break
         lines = [line for line in stdout.splitlines() if line.startswith("{")]
-        result = json.loads(lines[-1]) if lines else {"ok": False, "error": (stderr or "no result")[-500:]}
+        try:
+            result = (decode(NodeCheckResult, json.loads(lines[-1])) if lines
+                      else NodeCheckResult(ok=False, error=(stderr or "no result")[-500:]))
+        except (ValueError, ProtocolError) as exc:
+            result = NodeCheckResult(ok=False, error=f"unreadable result {lines[-1][:200]!r}: {exc}")
         if proc.returncode is None or (time.monotonic() > deadline and not lines):
-            result = {"ok": False, "error": f"timed out after {order['timeout_s']} s"}
-        log.info("node_check_done", node_id=self.node_id, check_round=order["check_round"], group=order["group"],
-                 ok=result.get("ok"), elapsed_s=result.get("elapsed_s"), error=result.get("error"))
+            result = NodeCheckResult(ok=False, error=f"timed out after {order.timeout_s} s")
+        log.info("node_check_done", node_id=self.node_id, check_round=order.check_round, group=list(order.group),
+                 ok=result.ok, elapsed_s=result.elapsed_s, error=result.error or None)
         return result
 
     # ----- one round -----------------------------------------------------------------------
 
-    def _start_workers(self, world: dict[str, Any]) -> None:
-        round_dir = self.node_dir / f"round_{world['round']}"
+    def _start_workers(self, world: RoundAssignment) -> None:
+        round_dir = self.node_dir / f"round_{world.round}"
         round_dir.mkdir(parents=True, exist_ok=True)
         argv = worker_argv(self.job)
         self.workers, self._tails = [], {}
-        for local_rank in range(int(world["nproc"])):
-            rank = int(world["rank_offset"]) + local_rank
+        for local_rank in range(world.nproc):
+            rank = world.rank_offset + local_rank
             progress = round_dir / f"progress_rank{rank}.jsonl"
             env = {**os.environ, **worker_env(
                 self.job, job_id=self.job_id, node_id=self.node_id, world=world, local_rank=local_rank,
                 master_addr=self.client.addr, accelerator=self.accelerator, progress_file=str(progress),
                 log_dir=str(self.log_dir), agent_pid=os.getpid(), agent_token=self.token,
-            ), "DLROVER_STACK_FILE": str(self._stack_file(int(world["round"]), rank))}
+            ), "DLROVER_STACK_FILE": str(self.hangs.stack_file(world.round, rank))}
             standby = self._take_standby()
             worker = WorkerProcess(rank=rank, local_rank=local_rank, argv=argv, env=env, cwd=self.job.workdir,
                                    log_file=self.node_dir / f"rank_{rank}.log", echo=self.echo, standby=standby)
@@ -357,7 +400,7 @@ class ElasticAgent:
             self._tails[rank] = ProgressTail(progress, started=time.monotonic())
         if self.saver is not None:
             self.saver.set_ranks([w.rank for w in self.workers])
-        log.info("workers_started", node_id=self.node_id, round=world["round"], ranks=[w.rank for w in self.workers],
+        log.info("workers_started", node_id=self.node_id, round=world.round, ranks=[w.rank for w in self.workers],
                  pids=[w.pid for w in self.workers], warm=[w.warm for w in self.workers])
 
     # ----- warm restart -------------------------------------------------------------------
@@ -387,90 +430,14 @@ class ElasticAgent:
                 return standby
         return None
 
-    def _stack_file(self, round_index: int, rank: int) -> Path:
-        return self.node_dir / f"stacks_round{round_index}_rank{rank}.txt"
+    # ----- hangs (dlrover_core.agent.hang) ----------------------------------------------------
 
-    # ----- hangs ---------------------------------------------------------------------------
-
-    def _hang_timeout_s(self) -> float | None:
-        """``Failure.hang_timeout_s``, or derived once steps were seen: 20x the median step
-        time of this node's ranks, at least 60 s. ``None``: not known yet (no detection).
-        (The 20x / 60 s rule is ours: slow steps in a healthy job vary by a few x at most,
-        and a minute is short next to the 30 minutes of gloo's default timeout.)"""
-        if self.job.failure.hang_timeout_s is not None:
-            return self.job.failure.hang_timeout_s
-        times = sorted(t for tail in self._tails.values() for t in tail.step_times)
-        if len(times) < 3:
-            return None
-        return max(60.0, 20 * times[len(times) // 2])
-
-    def _hung(self) -> list[WorkerProcess]:
-        """Live workers without progress for the hang timeout. Before a worker's first
-        report (imports, data loading, restore) the timeout is at least ``_STARTUP_S``."""
-        timeout = self._hang_timeout_s()
-        if timeout is None:
-            return []
-        if self.saver is not None and self.saver.busy():
-            return []  # a worker waiting for a free snapshot slot waits for the storage, not hung
-        now = time.monotonic()
-        hung = []
-        for w in self.workers:
-            tail = self._tails[w.rank]
-            limit = timeout if tail.last_step >= 0 else max(timeout, _STARTUP_S)
-            if w.poll() is None and now - tail.last_progress > limit:
-                hung.append(w)
-        return hung
-
-    def _dump_stacks(self, round_index: int, workers: list[WorkerProcess]) -> list[str]:
-        """Write each worker's Python stacks next to its log: py-spy when installed (it reads
-        a stopped or stuck process from outside), else the worker's faulthandler (SIGUSR1)."""
-        beside = Path(sys.executable).with_name("py-spy")  # installed in this venv, maybe not on PATH
-        py_spy = shutil.which("py-spy") or (str(beside) if beside.exists() else None)
-        written = []
-        for w in workers:
-            path = self._stack_file(round_index, w.rank)
-            if py_spy:
-                try:
-                    out = subprocess.run([py_spy, "dump", "--pid", str(w.pid), "--nonblocking"], capture_output=True,
-                                         text=True, timeout=20)
-                    path.write_text(out.stdout + out.stderr)
-                except (subprocess.TimeoutExpired, OSError) as exc:
-                    path.write_text(f"py-spy failed: {exc}\n")
-            else:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(w.pid, signal.SIGUSR1)
-                time.sleep(1.0)
-            written.append(str(path))
-        return written
-
-    def _dump_stalled(self, round_index: int) -> None:
-        """Before stopping workers on the master's order: dump the stacks of those without
-        progress for half the hang timeout — another node saw the hang first, and these
-        are likely stuck in the same collective (their stacks say where)."""
-        timeout = self._hang_timeout_s()
-        if timeout is None:
-            return
-        now = time.monotonic()
-        stalled = [w for w in self.workers
-                   if w.poll() is None and now - self._tails[w.rank].last_progress > timeout / 2]
-        if stalled:
-            stacks = self._dump_stacks(round_index, stalled)
-            log.warning("workers_stalled", node_id=self.node_id, ranks=[w.rank for w in stalled], stacks=stacks)
-
-    def _on_hang(self, round_index: int, hung: list[WorkerProcess]) -> str:
-        timeout = self._hang_timeout_s()
-        stacks = self._dump_stacks(round_index, self.workers)
-        log.warning("workers_hung", node_id=self.node_id, ranks=[w.rank for w in hung], timeout_s=timeout,
-                    steps={w.rank: self._tails[w.rank].last_step for w in hung}, stacks=stacks)
-        now = time.monotonic()
-        failures = [{"rank": w.rank, "local_rank": w.local_rank, "exit_code": None, "kind": "hang",
-                     "silent_s": round(now - self._tails[w.rank].last_progress, 3),
-                     "detail": f"no progress for {timeout:g} s at step {self._tails[w.rank].last_step}; stacks: "
-                               f"{self._stack_file(round_index, w.rank)}"} for w in hung]
+    def _on_hang(self, round_index: int, hung: list[WorkerProcess]) -> Action:
+        failures = self.hangs.failures(round_index, self.workers, hung, self._tails)
         # report first and stop a moment later: the other nodes' workers hang in the same
         # collective, and their agents dump those stacks (on their own timeout, or on the
         # master's order) before our workers' exit resets the connections they wait on
-        return self._report_failures(round_index, failures, stop_after_s=_PEER_DUMP_GRACE_S)
+        return self._report_failures(round_index, failures, stop_after_s=PEER_DUMP_GRACE_S)
 
     def _stop_workers(self) -> None:
         if self.workers:
@@ -514,13 +481,13 @@ class ElasticAgent:
         steps = {rank: tail.last_step for rank, tail in self._tails.items() if tail.last_step >= 0}
         return steps, records, saves, taken
 
-    def _heartbeat(self, round_index: int) -> str:
+    def _heartbeat(self, round_index: int) -> Action:
         """A heartbeat from the main thread (the last progress before a failure report)."""
         return self._beat()
 
-    def _run_round(self, world: dict[str, Any]) -> str:
-        """Run one round's workers; return ``"restart"`` or ``"stop"``."""
-        round_index = int(world["round"])
+    def _run_round(self, world: RoundAssignment) -> Action:
+        """Run one round's workers; return ``restart`` or ``stop``."""
+        round_index = world.round
         self._start_workers(world)  # (the heartbeat thread does not look at workers between rounds)
         with self._state_lock:
             self._round, self._ordered = round_index, None
@@ -530,28 +497,30 @@ class ElasticAgent:
             with self._state_lock:
                 self._round = None
 
-    def _final_flush(self, round_index: int) -> str | None:
+    def _final_flush(self, round_index: int) -> Action | None:
         """The workers succeeded: wait (bounded) until their last checkpoints are durable.
         If they are not, report it as fatal (the job ends FAILED naming the storage) and
-        return ``"stop"``; ``None`` when all is durable."""
+        return the master's order (``stop``, unless it ordered a restart meanwhile);
+        ``None`` when all is durable."""
         if self.saver is None:
             return None
         result = self.saver.flush(self.job.checkpoint.persist_timeout_s)
         if result.ok:
             return None
         log.error("checkpoint_not_durable", node_id=self.node_id, round=round_index, reason=result.reason)
-        answer = self._call("checkpoint_error", {"rank": None, "step": result.step, "error": result.reason,
-                                                 "storage": self.saver.storage.url, "fatal": True})
-        return "stop" if answer.get("action", "stop") != "restart" else "restart"
+        answer = self._heed(self.client.checkpoint_error(CheckpointErrorReport(
+            node_id=self.node_id, step=result.step, error=result.reason, storage=self.saver.storage.url, fatal=True,
+            token=self._token)))
+        return Action.RESTART if answer.action == Action.RESTART else Action.STOP
 
-    def _watch_round(self, round_index: int) -> str:
+    def _watch_round(self, round_index: int) -> Action:
         reported_success = False
         while not self._stop.is_set():
             codes = [(w, w.poll()) for w in self.workers]
             failed = [(w, c) for w, c in codes if c not in (None, 0)]
             if failed:
                 return self._on_failure(round_index, failed)
-            hung = self._hung()
+            hung = self.hangs.hung(self.workers, self._tails)
             if hung:
                 return self._on_hang(round_index, hung)
             started = all(t.last_step >= 0 for t in self._tails.values())
@@ -566,25 +535,26 @@ class ElasticAgent:
                     return not_durable
                 self._heartbeat(round_index)
                 log.info("workers_succeeded", node_id=self.node_id, round=round_index)
-                answer = self._call("succeeded", {"round": round_index})
+                answer = self._heed(self.client.succeeded(Succeeded(node_id=self.node_id, round=round_index,
+                                                                    token=self._token)))
                 reported_success = True
-                if answer["action"] != "none":
-                    return "stop" if answer["action"] == "stop" else "restart"
+                if answer.action != Action.NONE:
+                    return answer.action
             with self._state_lock:
                 ordered = self._ordered if self._ordered and self._ordered[0] == round_index else None
             if ordered is not None:
                 action = ordered[1]
                 log.info("master_ordered", node_id=self.node_id, action=action, round=round_index)
-                self._dump_stalled(round_index)
+                self.hangs.dump_stalled(round_index, self.workers, self._tails)
                 self._stop_workers()
                 self._report_late_exceptions(round_index)
-                if action == "restart":
+                if action == Action.RESTART:
                     self._save_at_breakpoint()
                 return action
             self._stop.wait(_POLL_S)
-        return "stop"
+        return Action.STOP
 
-    def _on_failure(self, round_index: int, failed: list[tuple[WorkerProcess, int]]) -> str:
+    def _on_failure(self, round_index: int, failed: list[tuple[WorkerProcess, int]]) -> Action:
         for w, code in failed:
             log.warning("worker_exited", node_id=self.node_id, rank=w.rank, local_rank=w.local_rank, exit_code=code)
         for w, _ in failed:
@@ -592,7 +562,7 @@ class ElasticAgent:
         with self._state_lock:
             for w, _ in failed:
                 self._tails[w.rank].read()  # an uncaught exception's record, if the worker wrote one
-        early = any((self._tails[w.rank].exception or {}).get("before_first_step") for w, _ in failed)
+        early = any((exc := self._tails[w.rank].exception) is not None and exc.before_first_step for w, _ in failed)
         if early and len(failed) < len(self.workers):
             # an error before the first step is likely the script's, raised by every rank:
             # let this node's other workers reach it too (the master stops the job when all
@@ -606,12 +576,8 @@ class ElasticAgent:
             with self._state_lock:
                 for w, _ in failed:
                     self._tails[w.rank].read()
-        failures = []
-        for w, code in failed:
-            exc = self._tails[w.rank].exception
-            failures.append({"rank": w.rank, "local_rank": w.local_rank, "exit_code": code,
-                             "kind": "exception" if exc else ("signal" if code < 0 else "exit"),
-                             "exception": exc})
+        failures = [WorkerFailure.exited(rank=w.rank, local_rank=w.local_rank, exit_code=code,
+                                         exception=self._tails[w.rank].exception) for w, code in failed]
         return self._report_failures(round_index, failures)
 
     def _report_late_exceptions(self, round_index: int) -> None:
@@ -623,23 +589,25 @@ class ElasticAgent:
                 tail.read()
         for rank, tail in self._tails.items():
             if tail.exception is not None:
-                failures.append({"rank": rank, "local_rank": rank - min(self._tails), "exit_code": None,
-                                 "kind": "exception", "exception": tail.exception})
+                failures.append(WorkerFailure.exited(rank=rank, local_rank=rank - min(self._tails), exit_code=None,
+                                                     exception=tail.exception))
         if failures:
-            self._call("failure", {"round": round_index, "failures": failures})
+            self._heed(self.client.failure(FailureReport(node_id=self.node_id, round=round_index,
+                                                         failures=tuple(failures), token=self._token)))
 
-    def _report_failures(self, round_index: int, failures: list[dict[str, Any]], *,
-                         stop_after_s: float | None = None) -> str:
+    def _report_failures(self, round_index: int, failures: list[WorkerFailure], *,
+                         stop_after_s: float | None = None) -> Action:
         """Stop the workers and report ``failures``; with ``stop_after_s``, report first and
         stop the workers that long after (a hang: see :meth:`_on_hang`)."""
         if stop_after_s is None:
             self._stop_workers()
         self._heartbeat(round_index)  # forward the last progress before the failure
-        answer = self._call("failure", {"round": round_index, "failures": failures})
+        answer = self._heed(self.client.failure(FailureReport(node_id=self.node_id, round=round_index,
+                                                              failures=tuple(failures), token=self._token)))
         if stop_after_s is not None:
             self._stop.wait(stop_after_s)
             self._stop_workers()
         # the master has told everyone to restart; persist what memory holds before rejoining
         self._save_at_breakpoint()
-        return "stop" if answer["action"] == "stop" else "restart"
+        return Action.STOP if answer.action == Action.STOP else Action.RESTART
 

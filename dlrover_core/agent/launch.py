@@ -12,6 +12,8 @@ import sys
 from typing import Any
 
 from dlrover_core import env
+from dlrover_core.protocol.messages import PollState, RoundAssignment
+from dlrover_core.scheduler_backend import ProcessSpec
 from dlrover_core.spec import JobSpec
 
 __all__ = ["preview_workers", "worker_argv", "worker_env"]
@@ -33,7 +35,7 @@ def worker_env(
     *,
     job_id: str,
     node_id: int,
-    world: dict[str, Any],
+    world: RoundAssignment,
     local_rank: int,
     master_addr: str,
     accelerator: Any,
@@ -44,26 +46,25 @@ def worker_env(
 ) -> dict[str, str]:
     """The variables set for one worker on top of the agent's environment.
 
-    ``world`` is the master's answer to a rendezvous poll (round, node_rank, num_nodes,
-    rank_offset, nproc, world_size, store_host, store_port, restart_count, max_restarts).
+    ``world`` is the master's answer to a rendezvous poll: the round the node's workers start in.
     """
-    nproc = int(world["nproc"])
-    rank = int(world["rank_offset"]) + local_rank
+    nproc = world.nproc
+    rank = world.rank_offset + local_rank
     variables = {
         # torch elastic's contract (torchrun sets the same names)
         "RANK": str(rank),
         "LOCAL_RANK": str(local_rank),
-        "WORLD_SIZE": str(world["world_size"]),
+        "WORLD_SIZE": str(world.world_size),
         "LOCAL_WORLD_SIZE": str(nproc),
-        "GROUP_RANK": str(world["node_rank"]),
-        "GROUP_WORLD_SIZE": str(world["num_nodes"]),
+        "GROUP_RANK": str(world.node_rank),
+        "GROUP_WORLD_SIZE": str(world.num_nodes),
         "ROLE_RANK": str(rank),
-        "ROLE_WORLD_SIZE": str(world["world_size"]),
+        "ROLE_WORLD_SIZE": str(world.world_size),
         "ROLE_NAME": "default",
-        "MASTER_ADDR": str(world["store_host"]),
-        "MASTER_PORT": str(world["store_port"]),
-        "TORCHELASTIC_RESTART_COUNT": str(world["restart_count"]),
-        "TORCHELASTIC_MAX_RESTARTS": str(world["max_restarts"]),
+        "MASTER_ADDR": world.store_host,
+        "MASTER_PORT": str(world.store_port),
+        "TORCHELASTIC_RESTART_COUNT": str(world.restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(world.max_restarts),
         "TORCHELASTIC_RUN_ID": job_id,
         # the store is served by the master, fresh for every round: clients only
         "TORCHELASTIC_USE_AGENT_STORE": "True",
@@ -74,7 +75,7 @@ def worker_env(
         env.LOG_DIR: log_dir,
         env.MASTER_ADDR: master_addr,
         env.NODE_ID: str(node_id),
-        env.ROUND: str(world["round"]),
+        env.ROUND: str(world.round),
         env.AGENT_TOKEN: str(agent_token),
         env.ACCELERATOR: accelerator.name,
         env.PROGRESS_FILE: progress_file,
@@ -114,16 +115,14 @@ def preview_workers(
         cwd: the workers' working directory (default: ``job.workdir``).
         extra_env: variables set on top (e.g. a backend's own copy of the job spec).
     """
-    from dlrover_core.schedulers.base import ProcessSpec
 
     workers = []
     for node_rank in range(job.nodes.max):
-        world = {
-            "round": 0, "node_rank": node_rank, "num_nodes": job.nodes.max, "rank_offset": node_rank * nproc,
-            "nproc": nproc, "world_size": job.nodes.max * nproc, "store_host": store_host,
-            "store_port": "<fresh port per round, chosen by the master>", "restart_count": 0,
-            "max_restarts": job.failure.max_restarts,
-        }
+        world = RoundAssignment(
+            state=PollState.READY, round=0, node_rank=node_rank, num_nodes=job.nodes.max,
+            rank_offset=node_rank * nproc, nproc=nproc, world_size=job.nodes.max * nproc, store_host=store_host,
+            restart_count=0, max_restarts=job.failure.max_restarts,
+        )
         for local_rank in range(nproc):
             rank = node_rank * nproc + local_rank
             variables = worker_env(
@@ -133,6 +132,7 @@ def preview_workers(
                 log_dir=log_dir, agent_pid=0,
             )
             variables.update(extra_env or {})
+            variables["MASTER_PORT"] = "<fresh port per round, chosen by the master>"
             variables[env.WATCH_PID] = "<pid of the agent>"
             workers.append(ProcessSpec(
                 role="worker", name=f"rank-{rank}", argv=tuple(worker_argv(job, python)), env=variables,

@@ -4,7 +4,7 @@ Started by the agent with the torch environment of its check group (``RANK``,
 ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) plus ``DLROVER_CHECK_PREFIX`` (the group's
 namespace in the check round's store) and ``DLROVER_ACCELERATOR``. It joins the group, runs
 the accelerator's ``node_check()`` (matmul and, in a group of two or more, all-reduce) and
-prints one JSON line: ``{"ok", "local_ok", "elapsed_s", "matmul_tflops", "allreduce_gbps"}``
+prints one JSON line: a :class:`~dlrover_core.protocol.messages.NodeCheckResult`
 (``local_ok``: this node's own part — the matmul — passed, whatever its partners did).
 
 ``DLROVER_NODE_CHECK_FAULT=1`` (or ``DLROVER_NODE_CHECK_FAULT_NODE=<node id>``, matching
@@ -20,14 +20,16 @@ import os
 import sys
 import time
 
+from dlrover_core.plugins import get_host
+from dlrover_core.protocol.codec import encode
+from dlrover_core.protocol.messages import NodeCheckResult
+
 
 def main() -> int:
     t0 = time.perf_counter()
     local_ok = False
     try:
-        import torch.distributed as dist
-
-        from dlrover_core.plugins import get_host
+        import torch.distributed as dist  # heavy; inside the try: a broken torch install fails the check
 
         accelerator = get_host().create_accelerator(os.environ.get("DLROVER_ACCELERATOR", "auto"))
         world = int(os.environ["WORLD_SIZE"])
@@ -51,13 +53,13 @@ def main() -> int:
         result = accelerator.node_check(group=group)
         if group is not None:
             dist.destroy_process_group()
-        out = {"ok": True, "local_ok": True, "elapsed_s": time.perf_counter() - t0,
-               "matmul_tflops": result.matmul_tflops, "allreduce_gbps": result.allreduce_gbps}
+        out = NodeCheckResult(ok=True, local_ok=True, elapsed_s=time.perf_counter() - t0,
+                              matmul_tflops=result.matmul_tflops, allreduce_gbps=result.allreduce_gbps)
     except Exception as exc:
-        out = {"ok": False, "local_ok": local_ok, "elapsed_s": time.perf_counter() - t0,
-               "error": f"{type(exc).__name__}: {exc}"}
-    print(json.dumps(out), flush=True)
-    return 0 if out["ok"] else 1
+        out = NodeCheckResult(ok=False, local_ok=local_ok, elapsed_s=time.perf_counter() - t0,
+                              error=f"{type(exc).__name__}: {exc}")
+    print(json.dumps(encode(out)), flush=True)
+    return 0 if out.ok else 1
 
 
 if __name__ == "__main__":

@@ -7,6 +7,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dlrover_core.errors import ProtocolError
+from dlrover_core.protocol.codec import decode
+from dlrover_core.protocol.messages import WorkerException
+
 __all__ = ["ProgressTail"]
 
 
@@ -23,7 +27,7 @@ class ProgressTail:
         self.last_step = -1
         self.last_progress = started
         self.step_times: list[float] = []
-        self.exception: dict[str, Any] | None = None
+        self.exception: WorkerException | None = None
         #: records read but not yet forwarded to the master (see :meth:`take_unsent`)
         self.unsent: list[dict[str, Any]] = []
 
@@ -61,7 +65,10 @@ class ProgressTail:
                 self.last_step = int(record["step"])
                 self.step_times = [*self.step_times[-19:], float(record.get("dt", 0.0))]
             elif kind == "exception":
-                self.exception = record
+                try:
+                    self.exception = decode(WorkerException, record)
+                except ProtocolError:  # unreadable: the failure is reported by its exit code alone
+                    pass
             records.append(record)
         if records:
             self.last_progress = time.monotonic()

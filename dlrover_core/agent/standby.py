@@ -20,14 +20,16 @@ import os
 import runpy
 import sys
 
+import dlrover_core.train  # noqa: F401  (what workers import, before they are needed)
+from dlrover_core.train.progress import install_excepthook
+
 
 def _preload() -> None:
-    import numpy  # noqa: F401
-    import safetensors.torch  # noqa: F401
-    import torch  # noqa: F401
-    import torch.distributed  # noqa: F401
-
-    import dlrover_core.train  # noqa: F401
+    """Import the heavy modules workers need (the point of a standby: this runs while it waits)."""
+    import numpy  # noqa: F401  (heavy)
+    import safetensors.torch  # noqa: F401  (heavy)
+    import torch  # noqa: F401  (heavy)
+    import torch.distributed  # noqa: F401  (heavy)
 
 
 def _run(argv: list[str]) -> None:
@@ -56,11 +58,9 @@ def main() -> None:
     os.chdir(spec["cwd"])
     threads = os.environ.get("OMP_NUM_THREADS")
     if threads:
-        import torch
+        import torch  # heavy (imported by _preload already)
 
         torch.set_num_threads(int(threads))
-    from dlrover_core.train.progress import install_excepthook
-
     install_excepthook()  # an exception at import of the entrypoint is recorded for the master too
     _run(spec["argv"])
 

@@ -1,14 +1,14 @@
 """Flash Checkpoint: snapshots in shared memory, persisted in the background, restored from
 memory after a worker restart.
 
-Worker side: :class:`Checkpointer` (re-exported by :mod:`dlrover_core.train`). Agent side:
+This package is the engine; its users sit above it. Worker side: :class:`Checkpointer`
+(:mod:`dlrover_core.train.checkpointer`, exported by :mod:`dlrover_core.train`). Agent side:
 :class:`~dlrover_core.checkpoint.saver.CheckpointSaver`. Master side:
-:class:`~dlrover_core.master.checkpoints.CheckpointCoordinator`. On disk each rank's shard is
-a safetensors file (:mod:`~dlrover_core.checkpoint.layout`); :func:`read_shard` opens one
-without a job.
+:class:`~dlrover_core.master.checkpoints.CheckpointCoordinator`, committing through
+:mod:`~dlrover_core.checkpoint.commit`. On disk each rank's shard is a safetensors file
+(:mod:`~dlrover_core.checkpoint.layout`); :func:`read_shard` opens one without a job.
 """
 
-from dlrover_core.checkpoint.checkpointer import Checkpointer, Restored
 from dlrover_core.checkpoint.layout import decode as _decode
 
 
@@ -22,4 +22,4 @@ def read_shard(path: str) -> tuple[dict, dict]:
         return _decode(f.read())
 
 
-__all__ = ["Checkpointer", "Restored", "read_shard"]
+__all__ = ["read_shard"]

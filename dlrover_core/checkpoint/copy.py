@@ -35,7 +35,7 @@ def _get_pool() -> ThreadPoolExecutor:
 
 def copy_all(pairs: list[tuple[Any, Any]]) -> None:
     """Copy each ``(dst, src)`` pair of same-size 1-D uint8 numpy arrays."""
-    import numpy as np
+    import numpy as np  # heavy: numpy
 
     total = sum(src.nbytes for _, src in pairs)
     if total < 2 * _CHUNK or _threads() == 1:

@@ -19,14 +19,17 @@ the file persisted from it (header + the region, verbatim), so persisting is one
 
 from __future__ import annotations
 
+import io
 import json
 import struct
 import sys
+import warnings
 from typing import Any
 
 import attrs
 
-from dlrover_core.checkpoint.state_format import flatten
+from dlrover_core.checkpoint.copy import copy_all
+from dlrover_core.checkpoint.state_format import flatten, unflatten
 from dlrover_core.errors import CheckpointError
 
 __all__ = ["FORMAT_VERSION", "Layout", "build_layout", "parse_header", "tensor_views"]
@@ -38,7 +41,7 @@ DTENSORS_KEY = "dlrover_dtensors"
 
 
 def _dtype_names() -> dict[Any, str]:
-    import torch
+    import torch  # heavy: torch
 
     names = {
         torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -73,10 +76,9 @@ class Layout:
 
         CPU tensors are copied by :func:`~dlrover_core.checkpoint.copy.copy_all` (numpy,
         chunks across a few threads); accelerator tensors by torch (device to host)."""
-        import numpy as np
-        import torch
+        import numpy as np  # heavy: numpy
+        import torch  # heavy: torch
 
-        from dlrover_core.checkpoint.copy import copy_all
 
         if self.data_len == 0:
             return
@@ -98,7 +100,7 @@ class Layout:
 
     def write_to(self, f: Any) -> None:
         """Write the whole file (header, then each tensor's bytes) to a binary stream."""
-        import torch
+        import torch  # heavy: torch
 
         f.write(self.header_bytes())
         for _, src in self.sources:
@@ -108,8 +110,8 @@ class Layout:
 
 def build_layout(state: Any, *, step: int, rank: int, world_size: int) -> Layout:
     """Plan ``state`` (nothing is copied). Raises CheckpointError for unsupported values."""
-    import numpy as np
-    import torch
+    import numpy as np  # heavy: numpy
+    import torch  # heavy: torch
 
     names = _dtype_names()
     # a DTensor can only exist if its module was imported: do not pay for importing it
@@ -123,7 +125,7 @@ def build_layout(state: Any, *, step: int, rank: int, world_size: int) -> Layout
             local = torch.from_numpy(np.ascontiguousarray(leaf))
             offsets = [0] * local.dim()
         elif DTensor is not None and isinstance(leaf, DTensor):
-            from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+            from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # heavy: torch
 
             local = leaf.to_local()
             _, offsets = compute_local_shape_and_global_offset(leaf.shape, leaf.device_mesh, leaf.placements)
@@ -184,7 +186,7 @@ def parse_header(buffer: Any, *, with_data: bool = True) -> tuple[dict[str, dict
 
 def tensor_views(buffer: Any, data_start: int, entries: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Tensors viewing ``buffer`` (no copy) for every entry; empty tensors are fresh."""
-    import torch
+    import torch  # heavy: torch
 
     back = {v: k for k, v in _dtype_names().items()}
     data_len = max((e["data_offsets"][1] for e in entries.values()), default=0)
@@ -202,8 +204,6 @@ def tensor_views(buffer: Any, data_start: int, entries: dict[str, dict[str, Any]
 
 def encode(state: Any, *, step: int = 0, rank: int = 0, world_size: int = 1) -> bytes:
     """``state`` as the bytes of one dlrover safetensors file."""
-    import io
-
     buf = io.BytesIO()
     build_layout(state, step=step, rank=rank, world_size=world_size).write_to(buf)
     return buf.getvalue()
@@ -214,10 +214,6 @@ def decode(data: Any) -> tuple[Any, dict[str, str]]:
 
     Raises CheckpointError for anything but a complete dlrover state file.
     """
-    import warnings
-
-    from dlrover_core.checkpoint.state_format import unflatten
-
     entries, metadata, start = parse_header(data)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # read-only buffers: cloned below

@@ -10,8 +10,8 @@ __all__ = ["get_rng_state", "set_rng_state"]
 
 def get_rng_state() -> dict[str, Any]:
     """Python's ``random``, numpy's global and torch's CPU (and accelerator) generators."""
-    import numpy as np
-    import torch
+    import numpy as np  # heavy: numpy
+    import torch  # heavy: torch
 
     state: dict[str, Any] = {
         "python": random.getstate(),
@@ -25,8 +25,8 @@ def get_rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: dict[str, Any]) -> None:
     """Restore what :func:`get_rng_state` captured (after a round-trip through the state format)."""
-    import numpy as np
-    import torch
+    import numpy as np  # heavy: numpy
+    import torch  # heavy: torch
 
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))

@@ -43,6 +43,7 @@ import tenacity
 
 from dlrover_core.checkpoint.shm import SlotHeader, SnapshotSlot, segment_name
 from dlrover_core.logging import get_logger
+from dlrover_core.protocol.messages import CheckpointErrorReport, ShardAnswer, ShardReport
 from dlrover_core.retry import storage_retrying
 from dlrover_core.storage.base import CheckpointStorage
 
@@ -99,9 +100,10 @@ class CheckpointSaver:
     Args:
         job_id, node_id: which segments are this node's.
         storage: where to persist.
-        report: called with ``(endpoint, body)`` to tell the master (``checkpoint_shard`` →
-            answer holds ``committed`` and ``stale``; ``checkpoint_error``); returns the
-            master's answer. Called from the saver's threads only.
+        report_shard: tells the master a shard is durable; returns its answer (the newest
+            commit, and whether the shard was stale). Called from the saver's threads only.
+        report_error: tells the master a shard write failed (or is stuck: ``fatal``).
+            Called from the saver's threads only.
         agent: the fencing token of the agent (names the segments).
         poll_s: seconds between scans of the slot headers.
         persist_timeout_s: a shard write that has not returned after this many seconds is
@@ -116,7 +118,8 @@ class CheckpointSaver:
         job_id: str,
         node_id: int,
         storage: CheckpointStorage,
-        report: Callable[[str, dict[str, Any]], dict[str, Any]],
+        report_shard: Callable[[ShardReport], ShardAnswer | None],
+        report_error: Callable[[CheckpointErrorReport], Any],
         agent: int = 0,
         poll_s: float = 0.01,
         persist_timeout_s: float = 600.0,
@@ -126,7 +129,8 @@ class CheckpointSaver:
         self.node_id = node_id
         self.agent = agent
         self.storage = storage
-        self._report = report
+        self._report_shard = report_shard
+        self._report_error = report_error
         self._poll_s = poll_s
         self.persist_timeout_s = persist_timeout_s
         self._retrying = retrying
@@ -292,8 +296,9 @@ class CheckpointSaver:
         log.error("checkpoint_storage_stuck", node_id=self.node_id, rank=rank, step=step, storage=self.storage.url,
                   reason=reason)
         if first:
-            self._tell("checkpoint_error", {"node_id": self.node_id, "rank": rank, "step": step, "error": reason,
-                                            "storage": self.storage.url, "fatal": True})
+            self._tell(self._report_error, CheckpointErrorReport(
+                node_id=self.node_id, rank=rank, step=step, error=reason, storage=self.storage.url, fatal=True,
+                token=self.agent or None))
 
     def busy(self) -> bool:
         """Whether a shard write is in flight (the storage, not the workers, sets the pace)."""
@@ -426,8 +431,9 @@ class CheckpointSaver:
                     self._errors[(slot.identity, h.seq)] = error
                 log.error("checkpoint_persist_failed", node_id=self.node_id, rank=rank, step=h.step,
                           storage=self.storage.url, error=error)
-                self._tell("checkpoint_error", {"node_id": self.node_id, "rank": rank, "step": h.step,
-                                                "round": h.round, "storage": self.storage.url, "error": error})
+                self._tell(self._report_error, CheckpointErrorReport(
+                    node_id=self.node_id, rank=rank, step=h.step, round=h.round, storage=self.storage.url,
+                    error=error, token=self.agent or None))
                 return False
             slot.mark_persisted()
             after = slot.header()
@@ -438,15 +444,16 @@ class CheckpointSaver:
         if abandoned:  # restored to an older step meanwhile: this shard belongs to no lineage
             log.info("checkpoint_shard_abandoned", node_id=self.node_id, rank=rank, step=h.step, round=h.round)
             return False
-        info = {"node_id": self.node_id, "rank": rank, "step": h.step, "world_size": h.world_size, "round": h.round,
-                "file": path.rsplit("/", 1)[-1], "crc32": crc, "bytes": nbytes, "persist_s": round(persist_s, 6)}
-        answer = self._tell("checkpoint_shard", info)
-        if answer and answer.get("committed") is not None:
+        answer = self._tell(self._report_shard, ShardReport(
+            node_id=self.node_id, rank=rank, step=h.step, world_size=h.world_size, round=h.round,
+            file=path.rsplit("/", 1)[-1], crc32=crc, bytes=nbytes, persist_s=round(persist_s, 6),
+            token=self.agent or None))
+        if answer is not None and answer.committed is not None:
             with self._lock:
-                self.committed = max(self.committed or -1, int(answer["committed"]))
-        if answer and answer.get("stale"):
+                self.committed = max(self.committed or -1, answer.committed)
+        if answer is not None and answer.stale:
             log.info("checkpoint_shard_stale", node_id=self.node_id, rank=rank, step=h.step, round=h.round,
-                     reason=answer.get("reason"))
+                     reason=answer.reason)
         log.debug("checkpoint_shard_persisted", rank=rank, step=h.step, mb=round(nbytes / 2**20, 1),
                   persist_s=round(persist_s, 3))
         return True
@@ -477,9 +484,10 @@ class CheckpointSaver:
             view.release()
         return result["crc"], h.data_len
 
-    def _tell(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any] | None:
+    def _tell(self, report: Callable[[Any], Any], message: ShardReport | CheckpointErrorReport) -> Any:
+        """Send ``message`` with ``report``; its answer, or ``None`` when it failed (logged)."""
         try:
-            return self._report(endpoint, body)
+            return report(message)
         except Exception as exc:
-            log.error("checkpoint_report_failed", endpoint=endpoint, error=str(exc))
+            log.error("checkpoint_report_failed", message=type(message).__name__, error=str(exc))
             return None

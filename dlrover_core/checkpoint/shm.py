@@ -217,7 +217,7 @@ class SnapshotSlot:
         os.posix_fallocate(self.fd, 0, nbytes)  # reserves the pages now: ENOSPC here, not SIGBUS later
         self._remap()
         assert self.mm is not None
-        import numpy as np
+        import numpy as np  # heavy: numpy
 
         # touch one byte per page of the new part, so the first snapshot does not page-fault
         start = old - old % mmap.PAGESIZE

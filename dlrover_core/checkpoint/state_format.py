@@ -15,6 +15,7 @@ Anything else raises CheckpointError naming its path and type. Loading never exe
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from dlrover_core.errors import CheckpointError
@@ -24,8 +25,8 @@ __all__ = ["flatten", "unflatten"]
 
 def flatten(state: Any) -> tuple[Any, dict[str, Any]]:
     """``(json_tree, {key: leaf})``; leaves are the caller's tensors (or numpy arrays)."""
-    import numpy as np
-    import torch
+    import numpy as np  # heavy: numpy
+    import torch  # heavy: torch
 
     leaves: dict[str, Any] = {}
 
@@ -79,8 +80,6 @@ def unwrap_module(obj: Any) -> Any:
 
 
 def _ddp_type() -> Any:
-    import sys
-
     parallel = sys.modules.get("torch.nn.parallel")  # only loaded torch can have wrapped a model
     return getattr(parallel, "DistributedDataParallel", None) if parallel is not None else None
 

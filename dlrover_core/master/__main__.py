@@ -25,7 +25,14 @@ from pathlib import Path
 
 from dlrover_core import env
 from dlrover_core.logging import configure, get_logger
+from dlrover_core.master.job_master import JobMaster
+from dlrover_core.master.journal import Journal
 from dlrover_core.master.journal import write_atomic as _write_atomic
+from dlrover_core.master.server import MasterServer
+from dlrover_core.plugins import get_host
+from dlrover_core.protocol.messages import Cancel
+from dlrover_core.scheduler_backend import JobHandle
+from dlrover_core.spec import JobSpec
 
 #: Seconds between writes of soft state (progress, metrics, goodput) to the journal; every
 #: decision is written ahead, at once, whatever this says.
@@ -36,7 +43,7 @@ _PORT_RETRY_S = 2.0
 
 def _store_factory():
     """``make(port=0) -> (port, store)``: a TCPStore server for a round (``port`` 0: a free one)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # heavy: only a serving master needs it
 
     def make(port: int = 0):
         store = dist.TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False, use_libuv=True)
@@ -47,9 +54,6 @@ def _store_factory():
 
 def _relauncher(job, job_id: str, log_dir: Path):
     """``relaunch(NodeRelaunch)`` through the job's scheduler backend, if it can relaunch nodes."""
-    from dlrover_core.plugins import get_host
-    from dlrover_core.schedulers.base import JobHandle
-
     backend = get_host().registries.scheduler.get(job.scheduler)()
     if not backend.capabilities.relaunch_node:
         return None
@@ -60,8 +64,6 @@ def _relauncher(job, job_id: str, log_dir: Path):
 def _listen(master, host: str, port: int, *, fallback: bool):
     """A MasterServer on ``host:port``; when the port stays taken for ``_PORT_RETRY_S`` and
     ``fallback`` (agents can learn another address), on a free port instead."""
-    from dlrover_core.master.server import MasterServer
-
     log = get_logger()
     deadline = time.monotonic() + _PORT_RETRY_S
     while True:
@@ -91,11 +93,6 @@ def main(argv: list[str] | None = None) -> int:
     configure()
     log = get_logger()
 
-    from dlrover_core.master.job_master import JobMaster
-    from dlrover_core.master.journal import Journal
-    from dlrover_core.plugins import get_host
-    from dlrover_core.spec import JobSpec
-
     job = JobSpec.from_dict(json.loads(os.environ[env.JOB_SPEC]))
     log_dir = Path(args.log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -120,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
-        master.cancel(f"master received {signal.Signals(signum).name}")
+        master.cancel(Cancel(reason=f"master received {signal.Signals(signum).name}"))
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -136,14 +133,14 @@ def main(argv: list[str] | None = None) -> int:
             last_journal = time.monotonic()
             master.write_journal()
         if watch and not _alive(watch):
-            master.cancel("the process that started the job exited")
+            master.cancel(Cancel(reason="the process that started the job exited"))
         if master.state.is_terminal:
             finished_at = finished_at or time.monotonic()
             if master.drained() or time.monotonic() - finished_at > drain_s:
                 break
         stop.wait(0.1)
     result = master.result()
-    _write_atomic(log_dir / "goodput.json", json.dumps(master.status()["goodput"], indent=2))
+    _write_atomic(log_dir / "goodput.json", json.dumps(master.status().goodput, indent=2))
     _write_atomic(log_dir / "result.json", json.dumps(result.to_dict(), indent=2))
     journal.remove()
     time.sleep(0.2)  # let agents read their last "stop"

@@ -29,24 +29,42 @@
 
 from __future__ import annotations
 
-import json
-import re
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from dlrover_core.checkpoint.layout import FORMAT_VERSION
-from dlrover_core.checkpoint.saver import step_dir
+import attrs
+
+from dlrover_core.checkpoint.commit import committed_steps, retain, tidy, write_commit
 from dlrover_core.logging import get_logger
+from dlrover_core.protocol.codec import decode, encode
+from dlrover_core.protocol.messages import (
+    CheckpointErrorReport,
+    RestoreDecision,
+    RestorePlanRequest,
+    RestoreVerify,
+    RestoreVerifyAnswer,
+    ShardAnswer,
+    ShardReport,
+)
 from dlrover_core.storage.base import CheckpointStorage
 
 __all__ = ["CheckpointCoordinator"]
 
 log = get_logger()
 
-_STEP_DIR = re.compile(r"step_(\d{10})/")
 #: How many announced save steps per round the misuse check remembers.
 _ANNOUNCED_KEEP = 64
+_WAITING = RestoreDecision(state="waiting")
+
+
+@attrs.define
+class _Verification:
+    """The ranks' checks of one storage step of a round (``restore_verify``)."""
+
+    step: int
+    reports: dict[int, tuple[bool, str]] = attrs.field(factory=dict)  # rank -> (ok, error)
+    answer: RestoreVerifyAnswer | None = None  # once every rank reported
+    why: str = ""  # why the step before this one was abandoned
 
 
 class CheckpointCoordinator:
@@ -68,16 +86,16 @@ class CheckpointCoordinator:
         except (OSError, ValueError) as exc:
             log.error("checkpoint_marker_unreadable", error=str(exc))
             self.latest = None
-        self._shards: dict[tuple[int, int, int], dict[int, dict[str, Any]]] = {}  # (step, world, round) -> rank -> info
+        self._shards: dict[tuple[int, int, int], dict[int, ShardReport]] = {}  # (step, world, round) -> rank -> shard
         self._restores: list[tuple[int, int]] = []  # (round, step restored to; -1 = fresh)
         self._plans: dict[tuple[int, int], dict[int, list[tuple[int, int]]]] = {}
-        self._decisions: dict[tuple[int, int], dict[str, Any]] = {}
-        self._verifying: dict[tuple[int, int], dict[str, Any]] = {}
+        self._decisions: dict[tuple[int, int], RestoreDecision] = {}  # (round, world) -> the answer every rank gets
+        self._verifying: dict[tuple[int, int], _Verification] = {}
         self.damaged: dict[int, str] = {}  # step -> why it cannot be loaded
         self._announced: dict[int, dict[int, set[int]]] = {}  # round -> step -> ranks that saved it for storage
         self._progress: dict[int, dict[int, int]] = {}  # round -> rank -> newest step reported
         self.commit_error: tuple[int, str] | None = None  # (step, error) of the newest failed commit
-        self.persist_error: dict[str, Any] | None = None  # the newest failed shard write (not fatal)
+        self.persist_error: CheckpointErrorReport | None = None  # the newest failed shard write (not fatal)
         self.not_persisted: set[int] = set()  # steps whose shard write was given up on some rank
         self.last_persist_error: str | None = None
 
@@ -107,34 +125,35 @@ class CheckpointCoordinator:
 
     # ----- commits -----------------------------------------------------------------------
 
-    def shard_done(self, *, step: int, rank: int, world_size: int, info: dict[str, Any],
-                   round_index: int = 0) -> dict[str, Any]:
+    def shard_done(self, shard: ShardReport) -> ShardAnswer:
         """Record a durable shard; commit its step when all ranks of its incarnation are in.
-        Returns ``{"committed": latest}``, with ``"stale": True`` and a reason when the
-        shard belongs to an abandoned lineage (it is not recorded)."""
+        The answer holds the newest commit, and says ``stale`` with a reason when the shard
+        belongs to an abandoned lineage (it is not recorded)."""
+        step, round_index = shard.step, shard.round
         if self.latest is not None and step <= self.latest:
-            return {"committed": self.latest}
+            return ShardAnswer(committed=self.latest)
         why = self.stale(step, round_index)
         if why is not None:
-            return {"committed": self.latest, "stale": True,
-                    "reason": f"round {why[0]} went back to step {why[1]}: shard of step {step} from round "
-                              f"{round_index} is stale"}
-        shards = self._shards.setdefault((step, world_size, round_index), {})
-        shards[rank] = info
-        if len(shards) == world_size:
-            self._commit(step, world_size, round_index, shards)
-        return {"committed": self.latest}
+            return ShardAnswer(committed=self.latest, stale=True,
+                               reason=f"round {why[0]} went back to step {why[1]}: shard of step {step} from round "
+                                      f"{round_index} is stale")
+        shards = self._shards.setdefault((step, shard.world_size, round_index), {})
+        shards[shard.rank] = shard
+        if len(shards) == shard.world_size:
+            self._commit(step, shard.world_size, round_index, shards)
+        return ShardAnswer(committed=self.latest)
 
-    def _commit(self, step: int, world_size: int, round_index: int, shards: dict[int, dict[str, Any]]) -> None:
-        meta = {
-            "step": step, "world_size": world_size, "format": FORMAT_VERSION, "time": time.time(),
-            "round": round_index,
-            "shards": {str(r): {k: shards[r][k] for k in ("file", "crc32", "bytes", "round") if k in shards[r]}
-                       for r in sorted(shards)},
-        }
+    def persist_failed(self, error: CheckpointErrorReport) -> None:
+        """A shard write was given up (or is stuck): shown in the status until the next
+        commit, and its step is counted as lost unless committed later."""
+        self.persist_error = error
+        self.last_persist_error = error.error
+        if error.step is not None:
+            self.not_persisted.add(error.step)
+
+    def _commit(self, step: int, world_size: int, round_index: int, shards: dict[int, ShardReport]) -> None:
         try:
-            self.storage.write_bytes(f"{step_dir(step)}/checkpoint.json", json.dumps(meta, indent=1).encode())
-            self.storage.commit(step)
+            meta = write_commit(self.storage, step=step, world_size=world_size, round_index=round_index, shards=shards)
         except OSError as exc:
             error = f"{type(exc).__name__}: {exc}"
             self.commit_error = (step, error)
@@ -147,51 +166,18 @@ class CheckpointCoordinator:
         for key in [k for k in self._shards if k[0] <= step]:
             del self._shards[key]
         log.info("checkpoint_committed", step=step, world_size=world_size, round=round_index,
-                 mb=round(sum(s.get("bytes", 0) for s in shards.values()) / 2**20, 1))
+                 mb=round(sum(s.bytes for s in shards.values()) / 2**20, 1))
         self._event("checkpoint_committed", step=step, world_size=world_size, round=round_index)
-        self._tidy(step, meta)
-        self._retain()
-
-    def _tidy(self, step: int, meta: dict[str, Any]) -> None:
-        """Delete files of a committed step that its commit does not name (late writes of a
-        stale incarnation). Best effort."""
-        named = {f"{step_dir(step)}/{s['file']}" for s in meta["shards"].values() if "file" in s}
-        if not named:
-            return
-        try:
-            for path in self.storage.list(step_dir(step)):
-                if path.endswith(".safetensors") and path not in named:
-                    self.storage.delete(path)
-        except OSError as exc:
-            log.warning("checkpoint_tidy_failed", step=step, error=str(exc))
+        tidy(self.storage, step, meta)
+        retain(self.storage, latest=self.latest, keep_last=self.keep_last, damaged=self.damaged)
 
     def committed_steps(self) -> list[int]:
         """Committed steps still in storage (with their ``checkpoint.json``), oldest first."""
-        if self.latest is None:
-            return []
-        try:
-            steps = sorted({int(m.group(1)) for p in self.storage.list() if (m := _STEP_DIR.match(p))})
-            return [s for s in steps if s <= self.latest and self.storage.exists(f"{step_dir(s)}/checkpoint.json")]
-        except OSError as exc:
-            log.warning("checkpoint_list_failed", error=str(exc))
-            return [self.latest]
-
-    def _retain(self) -> None:
-        try:
-            steps = sorted({int(m.group(1)) for p in self.storage.list() if (m := _STEP_DIR.match(p))})
-            committed = [s for s in steps if self.latest is not None and s <= self.latest
-                         and self.storage.exists(f"{step_dir(s)}/checkpoint.json") and s not in self.damaged]
-            keep = set(committed[-self.keep_last :])
-            for s in steps:
-                if self.latest is not None and s <= self.latest and s not in keep:
-                    self.storage.delete(step_dir(s))
-        except OSError as exc:  # retention is best effort; the commit stands
-            log.warning("checkpoint_retention_failed", error=str(exc))
+        return committed_steps(self.storage, self.latest)
 
     def pending_shards(self) -> list[dict[str, Any]]:
-        """Durable shards of steps not committed yet (for the master's journal)."""
-        return [{"step": step, "world_size": world, "round": rnd, "rank": rank, "info": info}
-                for (step, world, rnd), shards in self._shards.items() for rank, info in shards.items()]
+        """Durable shards of steps not committed yet, as their reports (for the master's journal)."""
+        return [encode(shard) for shards in self._shards.values() for shard in shards.values()]
 
     def lost_steps(self) -> list[int]:
         """Steps due for persistence that some rank could not write (storage errors) and that
@@ -245,38 +231,39 @@ class CheckpointCoordinator:
 
     # ----- restores ------------------------------------------------------------------------
 
-    def restore_plan(self, *, round_index: int, rank: int, world_size: int,
-                     memory: list[tuple[int, int]] | list[int]) -> dict[str, Any]:
-        """Record what ``rank`` holds in memory (``(step, round)`` pairs; bare steps count as
-        round 0); answer the decision once all ranks reported."""
+    def restore_plan(self, request: RestorePlanRequest) -> RestoreDecision:
+        """Record what a rank holds in memory (``(step, round)`` pairs; steps without their
+        round count as round 0); answer the decision once all ranks reported."""
+        round_index, world_size = request.round, request.world_size
         key = (round_index, world_size)
         if key in self._decisions:
             return self._decisions[key]
         reports = self._plans.setdefault(key, {})
-        held = [(int(m[0]), int(m[1])) if isinstance(m, (list, tuple)) else (int(m), 0) for m in memory]
-        reports[rank] = sorted({h for h in held if self.stale(*h) is None})
+        held = list(request.memory) if request.memory or not request.memory_steps else [
+            (s, 0) for s in request.memory_steps]
+        reports[request.rank] = sorted({h for h in held if self.stale(*h) is None})
         if len(reports) < world_size:
-            return {"state": "waiting"}
+            return _WAITING
         common = set.intersection(*(set(v) for v in reports.values()))
         newest = max(common) if common else None
         storage_step = self._storage_candidate()
         if newest is not None and (self.latest is None or newest[0] >= self.latest):
-            decision = {"state": "ready", "source": "memory", "step": newest[0], "snapshot_round": newest[1]}
+            decision = RestoreDecision(state="ready", source="memory", step=newest[0], snapshot_round=newest[1])
         elif storage_step is not None:
-            decision = {"state": "ready", "source": "storage", "step": storage_step}
+            decision = RestoreDecision(state="ready", source="storage", step=storage_step)
+        elif self.latest is not None:  # every committed step is damaged
+            decision = RestoreDecision(state="failed", reason=self._no_intact_reason())
         else:
-            decision = {"state": "ready", "source": "fresh", "step": None}
-            if self.latest is not None:  # every committed step is damaged
-                decision = {"state": "failed", "reason": self._no_intact_reason()}
+            decision = RestoreDecision(state="ready", source="fresh", step=None)
         self._decisions[key] = decision
         del self._plans[key]
-        if decision["state"] == "ready":
-            self._restored(round_index, -1 if decision["step"] is None else int(decision["step"]))
+        if decision.state == "ready":
+            self._restored(round_index, -1 if decision.step is None else decision.step)
         held_by = {str(r): [s for s, _ in v] for r, v in sorted(reports.items())}
         log.info("restore_decided", round=round_index, world_size=world_size, committed=self.latest, held=held_by,
-                 source=decision.get("source"), step=decision.get("step"))
+                 source=decision.source, step=decision.step)
         self._event("restore_decided", round=round_index, world_size=world_size, committed=self.latest, held=held_by,
-                    source=decision.get("source"), step=decision.get("step"))
+                    source=decision.source, step=decision.step)
         return decision
 
     def _storage_candidate(self, below: int | None = None) -> int | None:
@@ -293,25 +280,25 @@ class CheckpointCoordinator:
         damaged = "; ".join(f"step {s}: {why}" for s, why in sorted(self.damaged.items(), reverse=True))
         return f"no intact committed checkpoint in {self.storage.url!r} ({damaged})"
 
-    def verify(self, *, round_index: int, rank: int, world_size: int, step: int, ok: bool,
-               error: str = "") -> dict[str, Any]:
-        """A rank read its shard of storage step ``step`` and checked it. Answers
-        ``waiting``; ``ok`` (every rank's shard is intact: load it); ``retry`` with the
-        previous intact committed step to check next (``step`` is damaged); or ``failed``
-        (no intact committed step is left)."""
-        key = (round_index, world_size)
-        state = self._verifying.setdefault(key, {"step": step, "reports": {}, "answer": None})
-        if state["step"] != step:  # this rank checked a step the others already moved past
-            return state["answer"] or {"state": "retry", "step": state["step"], "reason": state.get("why")}
-        state["reports"][rank] = (ok, error)
-        if state["answer"] is not None:
-            return state["answer"]
-        if len(state["reports"]) < world_size:
-            return {"state": "waiting"}
-        bad = {r: e for r, (good, e) in sorted(state["reports"].items()) if not good}
+    def verify(self, report: RestoreVerify) -> RestoreVerifyAnswer:
+        """A rank read its shard of a storage step and checked it. Answers ``waiting``;
+        ``ok`` (every rank's shard is intact: load it); ``retry`` with the previous intact
+        committed step to check next (this one is damaged); or ``failed`` (no intact
+        committed step is left)."""
+        round_index, step = report.round, report.step
+        key = (round_index, report.world_size)
+        state = self._verifying.setdefault(key, _Verification(step=step))
+        if state.step != step:  # this rank checked a step the others already moved past
+            return state.answer or RestoreVerifyAnswer(state="retry", step=state.step, reason=state.why)
+        state.reports[report.rank] = (report.ok, report.error)
+        if state.answer is not None:
+            return state.answer
+        if len(state.reports) < report.world_size:
+            return RestoreVerifyAnswer(state="waiting")
+        bad = {r: e for r, (good, e) in sorted(state.reports.items()) if not good}
         if not bad:
-            state["answer"] = {"state": "ok", "step": step}
-            return state["answer"]
+            state.answer = RestoreVerifyAnswer(state="ok", step=step)
+            return state.answer
         first = next(iter(bad.items()))
         why = f"rank {first[0]}'s shard: {first[1]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
         self.damaged[step] = why
@@ -319,11 +306,11 @@ class CheckpointCoordinator:
         log.error("checkpoint_damaged", step=step, reason=why, fallback=fallback, storage=self.storage.url)
         self._event("checkpoint_damaged", step=step, reason=why, fallback=fallback, storage=self.storage.url)
         if fallback is None:
-            state["answer"] = {"state": "failed", "reason": self._no_intact_reason()}
-            return state["answer"]
+            state.answer = RestoreVerifyAnswer(state="failed", reason=self._no_intact_reason())
+            return state.answer
         self._restored(round_index, fallback)
-        self._verifying[key] = {"step": fallback, "reports": {}, "answer": None, "why": f"step {step}: {why}"}
-        return {"state": "retry", "step": fallback, "reason": why}
+        self._verifying[key] = _Verification(step=fallback, why=f"step {step}: {why}")
+        return RestoreVerifyAnswer(state="retry", step=fallback, reason=why)
 
     # ----- journal -------------------------------------------------------------------------
 
@@ -332,17 +319,22 @@ class CheckpointCoordinator:
         decisions already answered (ranks that got one do not ask again), damaged steps."""
         return {"pending_shards": self.pending_shards(), "restores": [list(r) for r in self._restores],
                 "damaged": {str(k): v for k, v in self.damaged.items()},
-                "decisions": [[r, w, d] for (r, w), d in self._decisions.items()],
-                "verifying": [[r, w, {**v, "reports": {str(k): list(x) for k, x in v["reports"].items()}}]
+                "decisions": [[r, w, encode(d)] for (r, w), d in self._decisions.items()],
+                "verifying": [[r, w, {"step": v.step, "reports": {str(k): list(x) for k, x in v.reports.items()},
+                                      "answer": encode(v.answer) if v.answer is not None else None, "why": v.why}]
                               for (r, w), v in self._verifying.items()]}
 
     def load_dict(self, data: dict[str, Any]) -> None:
         """Take back :meth:`to_dict`'s state (after a master restart)."""
         self._restores = [(int(r), int(s)) for r, s in data.get("restores", [])]
         self.damaged = {int(k): str(v) for k, v in (data.get("damaged") or {}).items()}
-        self._decisions = {(int(r), int(w)): dict(d) for r, w, d in data.get("decisions", [])}
-        self._verifying = {(int(r), int(w)): {**v, "reports": {int(k): tuple(x) for k, x in v["reports"].items()}}
-                           for r, w, v in data.get("verifying", [])}
+        self._decisions = {(int(r), int(w)): decode(RestoreDecision, d) for r, w, d in data.get("decisions", [])}
+        self._verifying = {
+            (int(r), int(w)): _Verification(
+                step=int(v["step"]), reports={int(k): (bool(x[0]), str(x[1])) for k, x in v["reports"].items()},
+                answer=decode(RestoreVerifyAnswer, v["answer"]) if v.get("answer") else None, why=v.get("why") or "")
+            for r, w, v in data.get("verifying", [])}
         for shard in data.get("pending_shards", []):
-            self.shard_done(step=shard["step"], rank=shard["rank"], world_size=shard["world_size"],
-                            info=shard["info"], round_index=int(shard.get("round", 0)))
+            # (journals of format 2 before typed messages kept the report's fields under "info")
+            self.shard_done(decode(ShardReport, {**shard.get("info", {}), **{k: v for k, v in shard.items() if k != "info"}}))
+

@@ -1,7 +1,8 @@
 """What a failure was, and whether restarting can help.
 
 * :func:`describe` names a failure in words (``SIGKILL``, ``exit code 3``, ``ValueError: ...
-  at step 17``, ``hang: ...``, ``node lost``).
+  at step 17``, ``hang: ...``, ``node lost``); :func:`failure_record` turns a reported
+  failure into the :class:`~dlrover_core.protocol.FailureRecord` of the job's result.
 * :class:`DeterministicErrorDetector`: the same Python exception (type, message, step) on
   every rank of a round, in two failing rounds in a row, is a bug in the program, not bad
   luck — restarting again would only burn the budget. The same exception on every rank
@@ -11,9 +12,11 @@
 from __future__ import annotations
 
 import signal
-from typing import Any
 
-__all__ = ["DeterministicErrorDetector", "before_first_step", "describe", "signal_name"]
+from dlrover_core.protocol.messages import WorkerException, WorkerFailure
+from dlrover_core.protocol.result import FailureRecord
+
+__all__ = ["DeterministicErrorDetector", "before_first_step", "describe", "failure_record", "signal_name"]
 
 
 def signal_name(exit_code: int | None) -> str | None:
@@ -27,40 +30,45 @@ def signal_name(exit_code: int | None) -> str | None:
         return None
 
 
-def describe(failure: dict[str, Any]) -> str:
-    """One line for a failure record (as agents report them)."""
-    kind = failure.get("kind")
+def describe(failure: WorkerFailure) -> str:
+    """One line for a reported failure."""
+    kind = failure.kind
     if kind == "node_lost":
-        return f"node lost ({failure.get('detail', 'no heartbeat')})"
+        return f"node lost ({failure.detail or 'no heartbeat'})"
     if kind == "hang":
-        return f"hang ({failure.get('detail', 'no progress')})"
-    exc = failure.get("exception")
-    if exc:
-        message = str(exc.get("message"))
-        message = message if len(message) <= 160 else message[:157] + "..."
-        where = "before the first step" if before_first_step(exc) else f"at step {exc.get('step')}"
-        return f"{exc.get('exc_type')}: {message} {where}"
-    if kind not in (None, "signal", "exit") and failure.get("detail"):  # e.g. a scheduler's "evicted"
-        return f"{kind.replace('_', ' ')} ({failure['detail']})"
-    code = failure.get("exit_code")
+        return f"hang ({failure.detail or 'no progress'})"
+    exc = failure.exception
+    if exc is not None:
+        message = exc.message if len(exc.message) <= 160 else exc.message[:157] + "..."
+        where = "before the first step" if before_first_step(exc) else f"at step {exc.step}"
+        return f"{exc.exc_type}: {message} {where}"
+    if kind not in ("", "signal", "exit") and failure.detail:  # e.g. a scheduler's "evicted"
+        return f"{kind.replace('_', ' ')} ({failure.detail})"
+    code = failure.exit_code
     return signal_name(code) or f"exit code {code}"
 
 
-def _signature(exception: dict[str, Any]) -> tuple[str, str, int]:
-    return (str(exception.get("exc_type")), str(exception.get("message")), int(exception.get("step", -1)))
+def failure_record(failure: WorkerFailure, *, time_s: float, round_index: int, node_id: int, step: int,
+                   last_committed_step: int | None, action: str) -> FailureRecord:
+    """The job result's record of a reported failure: its signal, kind and description
+    derived here, the job's progress and the master's decision given."""
+    sig = signal_name(failure.exit_code)
+    return FailureRecord(
+        time_s=time_s, round=round_index, node_id=node_id, rank=failure.rank, local_rank=failure.local_rank,
+        exit_code=failure.exit_code, signal=sig, step=step, last_committed_step=last_committed_step,
+        action=action, kind=failure.kind or ("signal" if sig else "exit"), detail=describe(failure),
+    )
 
 
-def before_first_step(exception: dict[str, Any]) -> bool:
+def _signature(exception: WorkerException) -> tuple[str, str, int]:
+    return (exception.exc_type, exception.message, exception.step)
+
+
+def before_first_step(exception: WorkerException | None) -> bool:
     """Whether a worker's exception record was raised before its first step: the record
     says so (``before_first_step``), or, from older workers, its step is -1 (nothing
-    reported, nothing restored)."""
-    flag = exception.get("before_first_step")
-    if flag is None:
-        try:
-            return int(exception.get("step", 0)) < 0
-        except (TypeError, ValueError):
-            return False
-    return bool(flag)
+    reported, nothing restored). ``False`` without a record."""
+    return exception is not None and exception.raised_before_first_step()
 
 
 class DeterministicErrorDetector:
@@ -74,7 +82,8 @@ class DeterministicErrorDetector:
         self._world: dict[int, int] = {}
         self._failing_rounds: list[int] = []
 
-    def record(self, round_index: int, world_size: int, rank: int | None, exception: dict[str, Any] | None) -> str | None:
+    def record(self, round_index: int, world_size: int, rank: int | None,
+               exception: WorkerException | None) -> str | None:
         """Record a failed rank. Returns the verdict this completes, if any:
         ``"repeated"`` (every rank raised the same as in the previous failing round) or
         ``"script"`` (every rank raised the same before its first step); else ``None``."""
@@ -85,8 +94,8 @@ class DeterministicErrorDetector:
             self._failing_rounds.append(round_index)
         if rank is None:
             return None
-        self._signatures[round_index][rank] = _signature(exception) if exception else None
-        self._early[round_index][rank] = bool(exception) and before_first_step(exception or {})
+        self._signatures[round_index][rank] = _signature(exception) if exception is not None else None
+        self._early[round_index][rank] = before_first_step(exception)
         mine = self.uniform(round_index)
         if mine is None:
             return None

@@ -107,6 +107,18 @@ class GoodputTracker:
         self._round_complete = now
         self._restore_in_round = 0.0
 
+    # ----- the timeline --------------------------------------------------------------------------
+
+    def timeline(self, wall_s: float) -> dict[str, float]:
+        """Where ``wall_s`` seconds went (``/v1/status``'s ``goodput``, ``goodput.json``):
+        ``wall_time_s``, ``goodput``, the productive time, each phase above, and
+        ``other_s`` (the rest)."""
+        parts = {"productive_s": self.productive_s, "checkpoint_stall_s": self.checkpoint_stall_s,
+                 "restore_s": self.restore_s, "recomputed_s": self.recomputed_s, **self.phases}
+        parts["other_s"] = max(0.0, wall_s - sum(parts.values()))
+        return {"wall_time_s": round(wall_s, 3), "goodput": round(min(1.0, self.productive_s / wall_s), 4),
+                **{k: round(v, 3) for k, v in parts.items()}}
+
     # ----- persistence (master restarts) ------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:

@@ -2,9 +2,16 @@
 
 All methods are thread-safe (one lock); the HTTP server calls them from its threads and a
 ticker thread calls :meth:`JobMaster.tick` to complete rounds, notice silent nodes and
-decide scale-ups.
+decide scale-ups. The JobMaster decides; its collaborators keep the state of one concern
+each: the node table (:mod:`~dlrover_core.master.nodes`), rendezvous rounds
+(:mod:`~dlrover_core.master.rendezvous`), the goodput timeline
+(:mod:`~dlrover_core.master.goodput`), node checks (:mod:`~dlrover_core.master.node_check`),
+checkpoint commits and restores (:mod:`~dlrover_core.master.checkpoints`), failure verdicts
+(:mod:`~dlrover_core.master.failures`) and the journal (:mod:`~dlrover_core.master.journal`).
 
-Agents learn what to do from the ``action`` in every answer:
+Every agent call takes its request message and returns its answer
+(:mod:`dlrover_core.protocol.messages`). Agents learn what to do from the ``action`` in
+every answer (:class:`~dlrover_core.protocol.messages.Action`):
 
 * ``"none"``: carry on;
 * ``"restart"``: stop your workers and join the next rendezvous round;
@@ -61,16 +68,47 @@ import attrs
 
 from dlrover_core.logging import get_logger
 from dlrover_core.master.checkpoints import CheckpointCoordinator
-from dlrover_core.master.failures import DeterministicErrorDetector, before_first_step, describe, signal_name
+from dlrover_core.master.failures import DeterministicErrorDetector, before_first_step, describe, failure_record
 from dlrover_core.master.goodput import GoodputTracker
 from dlrover_core.master.journal import Journal
-from dlrover_core.master.node_check import NodeCheckRun
+from dlrover_core.master.node_check import NodeChecks
+from dlrover_core.master.nodes import NodeRecord, NodeTable, plural
 from dlrover_core.master.rendezvous import RendezvousManager, Round
-from dlrover_core.protocol import FailureRecord, JobEvent, JobResult, JobState, NodeRelaunch
+from dlrover_core.protocol.codec import decode, encode
+from dlrover_core.protocol.events import JobEvent
+from dlrover_core.protocol.messages import (
+    Action,
+    ActionAnswer,
+    Cancel,
+    CheckpointErrorReport,
+    Exited,
+    FailureReport,
+    Heartbeat,
+    HeartbeatAnswer,
+    Join,
+    Joined,
+    NodeCheckReport,
+    NodeRelaunch,
+    Poll,
+    PollState,
+    Register,
+    Registered,
+    RestoreDecision,
+    RestorePlanRequest,
+    RestoreVerify,
+    RestoreVerifyAnswer,
+    RoundAssignment,
+    ShardAnswer,
+    ShardReport,
+    Succeeded,
+    WorkerFailure,
+)
+from dlrover_core.protocol.result import FailureRecord, JobResult
+from dlrover_core.protocol.status import JobState, MasterStatus
 from dlrover_core.spec import JobSpec
 from dlrover_core.storage.base import CheckpointStorage
 
-__all__ = ["JobMaster", "NodeRecord"]
+__all__ = ["JobMaster"]
 
 log = get_logger()
 
@@ -80,7 +118,6 @@ StoreFactory = Callable[[], tuple[int, Any]]
 #: round's store where its workers look for it. Raises when the port is taken.
 StoreReopener = Callable[[int], Any]
 
-_GONE = ("dead", "exited", "excluded")
 #: Seconds a restarted master adds to every node's heartbeat timeout: what an agent may need
 #: to find it (a request timing out on the dead address, 5 s, then a retry wait, 1 s).
 _RESTORE_GRACE_S = 10.0
@@ -90,51 +127,6 @@ _BACKPRESSURE_EVENT_S = 0.05
 #: Seconds the restart ordered by an exception raised before the first step waits for the
 #: other ranks' reports: when they all raised the same, the job stops instead (the script's error).
 _SCRIPT_ERROR_WAIT_S = 10.0
-
-
-def _before_first_step(failure: dict[str, Any]) -> bool:
-    """Whether a failure is an exception raised before the worker's first step."""
-    exc = failure.get("exception")
-    return bool(exc) and before_first_step(exc)
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
-@attrs.define(kw_only=True)
-class NodeRecord:
-    """The master's view of one node (agent)."""
-
-    node_id: int
-    host: str = ""
-    pid: int = 0
-    state: str = "registered"  # registered | waiting | running | succeeded | exited | dead | excluded
-    last_heartbeat: float = 0.0
-    round: int = -1
-    workers: dict[int, int] = attrs.field(factory=dict)  # rank -> pid
-    steps: dict[int, int] = attrs.field(factory=dict)  # rank -> newest step
-    failures: int = 0  # failures attributed to this node (its workers failed first, or it was lost)
-    relaunches: int = 0
-    token: int = 0  # fencing token of the node's current agent (0: none registered yet)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "node_id": self.node_id, "host": self.host, "pid": self.pid, "state": self.state,
-            "round": self.round, "workers": {str(k): v for k, v in self.workers.items()},
-            "steps": {str(k): v for k, v in self.steps.items()}, "failures": self.failures,
-            "relaunches": self.relaunches, "token": self.token,
-        }
-
-
-#: The fields of a NodeRecord the journal keeps: all but ``last_heartbeat`` (a time of this process only).
-_JOURNAL_FIELDS = tuple(a.name for a in attrs.fields(NodeRecord) if a.name != "last_heartbeat")
-
-
-def _journal_dict(node: NodeRecord) -> dict[str, Any]:
-    """``attrs.asdict(node)`` less ``last_heartbeat``, several times faster: it counts with
-    10,000 nodes journalled every 0.5 s under the master's lock."""
-    return {name: (dict(v) if isinstance(v := getattr(node, name), dict) else v) for name in _JOURNAL_FIELDS}
 
 
 class JobMaster:
@@ -189,19 +181,18 @@ class JobMaster:
             min_nodes=job.nodes.min, max_nodes=job.nodes.max, node_unit=job.nodes.node_unit,
             last_call_s=job.nodes.last_call_s, clock=clock,
         )
-        self.nodes: dict[int, NodeRecord] = {}
+        self.nodes = NodeTable()
         self.required_round = 0
         self._succeeded_nodes: set[int] = set()
         self.state = JobState.PENDING
         self.reason = ""
         self.restarts = 0
-        self.failures: list[dict[str, Any]] = []
+        #: every failure reported, and whether it counted (took a restart: a restore after it is its recovery)
+        self.failures: list[tuple[FailureRecord, bool]] = []
         self.metrics: dict[str, float] = {}
         self.goodput = GoodputTracker()
         self._errors = DeterministicErrorDetector()
-        self._check: NodeCheckRun | None = None
-        self._check_store: tuple[int, Any] | None = None
-        self._checked: dict[int, int] = {}  # node id -> the required round it passed the check for
+        self.node_checks = NodeChecks(store_factory=store_factory, store_host=store_host, clock=clock)
         self.journal = journal
         self._reopen_store = reopen_store
         self._version = 0  # snapshots taken (a newer one always wins in the journal)
@@ -292,7 +283,7 @@ class JobMaster:
         if self.journal is None:
             return
         self._seq += 1
-        entry: dict[str, Any] = {"seq": self._seq, "node": _journal_dict(node),
+        entry: dict[str, Any] = {"seq": self._seq, "node": node.to_journal(),
                                  "relaunching": node.node_id in self._relaunching,
                                  "gone_why": self._gone_why.get(node.node_id)}
         if succeeded:
@@ -310,17 +301,14 @@ class JobMaster:
         return self.journal.write(self.snapshot(), skip_unchanged=True)
 
     def _node(self, node_id: int) -> NodeRecord:
-        node = self.nodes.get(node_id)
-        if node is None:
-            node = self.nodes[node_id] = NodeRecord(node_id=node_id, last_heartbeat=self._clock())
-        return node
+        return self.nodes.get_or_add(node_id, self._clock())
 
-    def _action(self, round_index: int, node: NodeRecord | None = None) -> str:
+    def _action(self, round_index: int, node: NodeRecord | None = None) -> Action:
         if self.state.is_terminal or (node is not None and node.state == "excluded"):
-            return "stop"
+            return Action.STOP
         if round_index < self.required_round:
-            return "restart"
-        return "none"
+            return Action.RESTART
+        return Action.NONE
 
     def _finish(self, state: JobState, reason: str = "") -> None:
         if self.state.is_terminal:
@@ -333,16 +321,14 @@ class JobMaster:
         self._event("job_finished", state=state.value, reason=reason, restarts=self.restarts)
         self._decided("job_finished")
 
-    def _live_nodes(self) -> list[NodeRecord]:
-        return [n for n in self.nodes.values() if n.state not in _GONE]
-
     # ----- agent calls -----------------------------------------------------------------
 
-    def register(self, node_id: int, host: str, pid: int) -> dict[str, Any]:
+    def register(self, message: Register) -> Registered:
         """An agent starts for ``node_id``. It gets a new fencing token: from now on the
         node's earlier agents (frozen, partitioned, then back) are fenced — every call they
         make is answered "stop" and changes nothing — and the segments it names with the
         token are its own."""
+        node_id, host, pid = message.node_id, message.host, message.pid
         with self._lock:
             node = self._node(node_id)
             if node.state != "excluded":
@@ -355,53 +341,54 @@ class JobMaster:
             self._gone_why.pop(node_id, None)
             self._note_node(node)
             log.info("node_registered", node_id=node_id, host=host, pid=pid, token=node.token)
-            return {"action": self._action(self.required_round, node), "job_id": self.job_id, "token": node.token}
+            return Registered(action=self._action(self.required_round, node), job_id=self.job_id, token=node.token)
 
-    def fenced(self, body: dict[str, Any]) -> bool:
-        """Whether a call carrying ``node_id`` and ``token`` comes from an agent that was
+    def fenced(self, node_id: int, token: int | None) -> bool:
+        """Whether a call for ``node_id`` carrying ``token`` comes from an agent that was
         replaced (a newer agent of that node registered). Calls without a token are not
         fenced."""
-        if not isinstance(body, dict) or body.get("token") is None:
+        if token is None:
             return False
         with self._lock:
-            return self._fenced(body)
+            return self._fenced(node_id, token)
 
-    def _fenced(self, body: dict[str, Any]) -> bool:
-        token = body.get("token") if isinstance(body, dict) else None
-        if token is None or body.get("node_id") is None:
+    def _fenced(self, node_id: int, token: int | None) -> bool:
+        if token is None:
             return False
-        node = self.nodes.get(int(body["node_id"]))
-        stale = node is not None and node.token > int(token)
+        node = self.nodes.get(node_id)
+        stale = node is not None and node.token > token
         if stale:
-            log.warning("agent_fenced", node_id=body["node_id"], token=token, current=node.token)
+            log.warning("agent_fenced", node_id=node_id, token=token, current=node.token)
         return stale
 
-    def join(self, node_id: int, nproc: int) -> dict[str, Any]:
+    def join(self, message: Join) -> Joined:
+        node_id = message.node_id
         with self._lock:
             node = self._node(node_id)
             node.last_heartbeat = self._clock()
-            if self._action(self.required_round, node) == "stop":
-                return {"action": "stop"}
+            if self._action(self.required_round, node) == Action.STOP:
+                return Joined(action=Action.STOP)
             rnd = self.rdzv.latest
             if (rnd is not None and rnd.index >= self.required_round and node_id in rnd and node.state == "waiting"
                     and node.round < rnd.index and not self.rdzv.is_waiting(node_id)):
-                return {"action": "none", "round": rnd.index}  # a join retried after it formed this round
+                return Joined(round=rnd.index)  # a join retried after it formed this round
             node.state = "waiting"
-            index = self.rdzv.join(node_id, nproc)
+            index = self.rdzv.join(node_id, message.nproc)
             self.goodput.joined(self._clock())
             log.info("rendezvous_joined", node_id=node_id, round=index, waiting=self.rdzv.waiting_count)
             self._try_complete()
-            return {"action": "none", "round": index}
+            return Joined(round=index)
 
-    def poll(self, node_id: int) -> dict[str, Any]:
+    def poll(self, message: Poll) -> RoundAssignment:
         """Whether the round ``node_id`` waits for is complete; if so, its place in it."""
+        node_id = message.node_id
         with self._lock:
             node = self._node(node_id)
             node.last_heartbeat = self._clock()
-            if self._action(self.required_round, node) == "stop":
-                return {"state": "stop", "action": "stop"}
+            if self._action(self.required_round, node) == Action.STOP:
+                return RoundAssignment(state=PollState.STOP, action=Action.STOP)
             self._try_complete()
-            order = self._check_order(node_id)
+            order = self.node_checks.order(node_id)
             if order is not None:
                 return order
             rnd = self.rdzv.latest
@@ -413,56 +400,44 @@ class JobMaster:
                            or (node.state == "running" and node.round == rnd.index)))
             if not placed:
                 if not self.rdzv.is_waiting(node_id):  # e.g. the master restarted meanwhile
-                    return {"state": "rejoin", "action": "none"}
-                return {"state": "waiting", "action": "none"}
+                    return RoundAssignment(state=PollState.REJOIN)
+                return RoundAssignment(state=PollState.WAITING)
             assert rnd is not None
             store = self._stores.get(rnd.index)
             if store is None:  # the round's store died with the master before this one
                 self._new_round(f"the store of round {rnd.index} died with the previous job master")
-                return {"state": "rejoin", "action": "none"}
+                return RoundAssignment(state=PollState.REJOIN)
             if node.state != "running":
                 node.state, node.round = "running", rnd.index
                 self._note_node(node, point="node_placed")
             port, _ = store
-            return {
-                "state": "ready", "action": "none", "round": rnd.index,
-                "node_rank": rnd.node_rank(node_id), "num_nodes": len(rnd.node_ids),
-                "rank_offset": rnd.rank_offset(node_id), "nproc": rnd.nproc[rnd.node_rank(node_id)],
-                "world_size": rnd.world_size, "store_host": self.store_host, "store_port": port,
-                "restart_count": self.restarts, "max_restarts": self.job.failure.max_restarts,
-            }
+            node_rank = rnd.node_rank(node_id)
+            return RoundAssignment(
+                state=PollState.READY, round=rnd.index, node_rank=node_rank, num_nodes=len(rnd.node_ids),
+                rank_offset=rnd.rank_offset(node_id), nproc=rnd.nproc[node_rank], world_size=rnd.world_size,
+                store_host=self.store_host, store_port=port, restart_count=self.restarts,
+                max_restarts=self.job.failure.max_restarts,
+            )
 
-    def heartbeat(
-        self,
-        node_id: int,
-        round_index: int,
-        *,
-        workers: dict[int, int] | None = None,
-        steps: dict[int, int] | None = None,
-        records: list[dict[str, Any]] | None = None,
-        pid: int | None = None,
-        saves: dict[int, list[int]] | None = None,
-        token: int | None = None,
-    ) -> dict[str, Any]:
+    def heartbeat(self, message: Heartbeat) -> HeartbeatAnswer:
+        node_id, round_index, token, pid = message.node_id, message.round, message.token, message.pid
         with self._lock:
             node = self._node(node_id)
-            if self._fenced({"node_id": node_id, "token": token}) or (
-                    token is None and pid is not None and node.pid and pid != node.pid):
-                return {"action": "stop", "fenced": True}  # a stale agent of a node that was relaunched
+            if self._fenced(node_id, token) or (token is None and pid is not None and node.pid and pid != node.pid):
+                return HeartbeatAnswer(action=Action.STOP, fenced=True)  # a stale agent of a node that was relaunched
             node.last_heartbeat = self._clock()
             if node.state == "dead":  # came back: it must rejoin through rendezvous
                 node.state = "registered"
-            if workers is not None:
-                node.workers = dict(workers)
-            if steps:
-                node.steps.update(steps)
-            for record in records or ():
+            node.workers = dict(message.workers)
+            if message.steps:
+                node.steps.update(message.steps)
+            for record in message.records:
                 self._record(record)
             latest = self.rdzv.latest
             if round_index >= 0 and (latest is None or round_index > latest.index) and not self.state.is_terminal:
                 self._unknown_round(node_id, round_index)
-            self._check_saves(round_index, saves, steps)
-            return {"action": self._action(round_index, node)}
+            self._check_saves(round_index, message.saves, message.steps)
+            return HeartbeatAnswer(action=self._action(round_index, node))
 
     def _unknown_round(self, node_id: int, round_index: int) -> None:
         """An agent runs a round this master never formed (its predecessor died before the
@@ -491,9 +466,10 @@ class JobMaster:
         elif kind == "restore":
             self._event("checkpoint_restored", step=record["step"], source=record.get("source"),
                         load_s=record.get("load_s"))
-            for f in self.failures:
-                if f["restored_step"] is None and f["counted"]:
-                    f["restored_step"], f["restored_from"] = int(record["step"]), record.get("source")
+            self.failures = [
+                (attrs.evolve(f, restored_step=int(record["step"]), restored_from=record.get("source"))
+                 if f.restored_step is None and counted else f, counted)
+                for f, counted in self.failures]
 
     # ----- checkpoints -------------------------------------------------------------------
 
@@ -502,75 +478,62 @@ class JobMaster:
             raise ValueError("this master does not coordinate checkpoints (no storage)")
         return self.checkpoints
 
-    def checkpoint_shard(self, body: dict[str, Any]) -> dict[str, Any]:
+    def checkpoint_shard(self, message: ShardReport) -> ShardAnswer:
         """A rank's shard of a step is durable in storage (written by incarnation
-        ``body["round"]``)."""
+        ``message.round``)."""
         with self._lock:
-            if self._fenced(body):
-                return {"committed": self._coordinator().latest, "stale": True, "reason": "fenced agent"}
-            return self._coordinator().shard_done(step=int(body["step"]), rank=int(body["rank"]),
-                                                  world_size=int(body["world_size"]), info=body,
-                                                  round_index=int(body.get("round", 0)))
+            if self._fenced(message.node_id, message.token):
+                return ShardAnswer(committed=self._coordinator().latest, stale=True, reason="fenced agent")
+            return self._coordinator().shard_done(message)
 
-    def checkpoint_error(self, body: dict[str, Any]) -> dict[str, Any]:
+    def checkpoint_error(self, message: CheckpointErrorReport) -> ActionAnswer:
         """Persisting a shard failed. A failed write (disk full, permission) is recorded and
         shown in the status; training goes on. A ``fatal`` one (a write stuck past
         ``checkpoint.persist_timeout_s``, or a final checkpoint that is not durable) ends
         the job FAILED with the saver's reason, which names the storage, the step and the
         error — no node is blamed for it."""
         with self._lock:
-            if self._fenced(body):
-                return {"action": "stop"}
-            fields = {k: body.get(k) for k in ("node_id", "rank", "step", "error", "storage")}
-            self._event("checkpoint_persist_failed", **fields, fatal=bool(body.get("fatal")))
+            if self._fenced(message.node_id, message.token):
+                return ActionAnswer(action=Action.STOP)
+            self._event("checkpoint_persist_failed", node_id=message.node_id, rank=message.rank, step=message.step,
+                        error=message.error, storage=message.storage, fatal=bool(message.fatal))
             if self.checkpoints is not None:
-                self.checkpoints.persist_error = fields
-                self.checkpoints.last_persist_error = str(body.get("error"))
-                if body.get("step") is not None:
-                    self.checkpoints.not_persisted.add(int(body["step"]))
-            if body.get("fatal"):
-                self._finish(JobState.FAILED, str(body.get("error")))
-            return {"action": self._action(self.required_round)}
+                self.checkpoints.persist_failed(message)
+            if message.fatal:
+                self._finish(JobState.FAILED, message.error)
+            return ActionAnswer(action=self._action(self.required_round))
 
-    def restore_plan(self, body: dict[str, Any]) -> dict[str, Any]:
-        """A rank's snapshots in memory (``memory``: ``[step, round]`` pairs, or
-        ``memory_steps``); answers the restore decision once every rank reported."""
+    def restore_plan(self, message: RestorePlanRequest) -> RestoreDecision:
+        """A rank's snapshots in memory; answers the restore decision once every rank reported."""
         with self._lock:
-            memory = body.get("memory")
-            if memory is None:
-                memory = [int(s) for s in body.get("memory_steps") or []]
             coordinator = self._coordinator()
             before = coordinator.restore_count
-            answer = coordinator.restore_plan(
-                round_index=int(body["round"]), rank=int(body["rank"]), world_size=int(body["world_size"]),
-                memory=memory)
+            answer = coordinator.restore_plan(message)
             if coordinator.restore_count != before:  # the lineage changed: a restarted master must know it
                 self._decided("restore_decided")
             return answer
 
-    def restore_verify(self, body: dict[str, Any]) -> dict[str, Any]:
+    def restore_verify(self, message: RestoreVerify) -> RestoreVerifyAnswer:
         """A rank checked its shard of the storage step it is about to load (``ok`` or
         ``error``); answers ``waiting`` / ``ok`` / ``retry`` (with an older step) / ``failed``."""
         with self._lock:
             coordinator = self._coordinator()
             before = coordinator.restore_count
-            answer = coordinator.verify(
-                round_index=int(body["round"]), rank=int(body["rank"]), world_size=int(body["world_size"]),
-                step=int(body["step"]), ok=bool(body["ok"]), error=str(body.get("error") or ""))
+            answer = coordinator.verify(message)
             if coordinator.restore_count != before:
                 self._decided("restore_decided")
             return answer
 
-    def _check_saves(self, round_index: int, saves: dict[int, list[int]] | None, steps: dict[int, int] | None) -> None:
+    def _check_saves(self, round_index: int, saves: dict[int, tuple[int, ...]], steps: dict[int, int]) -> None:
         """Fold ranks' storage saves and progress into the same-steps rule; a violation
         fails the job at once (the step can never be committed)."""
         if self.checkpoints is None or self.state.is_terminal or round_index < 0:
             return
         if round_index < self._whole_rounds_from:
             return  # a master that died heard part of this round's saves (heartbeats are not journaled)
-        for rank, saved in (saves or {}).items():
+        for rank, saved in saves.items():
             self.checkpoints.note_saves(round_index, rank, saved)
-        for rank, step in (steps or {}).items():
+        for rank, step in steps.items():
             self.checkpoints.note_progress(round_index, rank, step)
         if saves or steps:
             problem = self.checkpoints.misuse(round_index)
@@ -579,26 +542,26 @@ class JobMaster:
 
     # ----- failures ----------------------------------------------------------------------
 
-    def failure(self, node_id: int, round_index: int, failures: list[dict[str, Any]]) -> dict[str, Any]:
-        """Workers of ``node_id`` failed (or the node was lost) in round ``round_index``;
-        decide restart or stop.
+    def failure(self, message: FailureReport) -> ActionAnswer:
+        """Workers of a node failed (or the node was lost) in a round; decide restart or stop.
 
         An exception every rank raised before its first step is the script's: the job stops
         after this round, with its type and message, and no node is blamed. So that every
         rank gets to report it, the restart ordered by the first such report waits (up to
         ``_SCRIPT_ERROR_WAIT_S``) for the others'."""
+        node_id, round_index, failures = message.node_id, message.round, message.failures
         with self._batch():
             node = self._node(node_id)
-            if node.state not in _GONE:
+            if not node.gone:
                 node.last_heartbeat = self._clock()
             current = self.rdzv.latest
             consequence = (self.state.is_terminal or current is None or round_index < self.required_round
                            or round_index != current.index)
             held = not consequence and self._held is not None and self._held[0] == round_index
-            script = bool(failures) and all(_before_first_step(f) for f in failures)
+            script = bool(failures) and all(before_first_step(f.exception) for f in failures)
             world = current.world_size if current is not None else 0
-            verdicts = [self._errors.record(round_index, world, f.get("rank"), f.get("exception")) for f in failures]
-            verdict = next(((v, f["exception"]) for v, f in zip(verdicts, failures, strict=True) if v), None)
+            verdicts = [self._errors.record(round_index, world, f.rank, f.exception) for f in failures]
+            verdict = next(((v, f.exception) for v, f in zip(verdicts, failures, strict=True) if v), None)
             if consequence:
                 action = f"none: round {round_index} was already being restarted"
             elif held:
@@ -609,7 +572,7 @@ class JobMaster:
                 action = "stopped the job: the error is not retryable"
             else:
                 node.failures += 1
-                silent = max((float(f.get("silent_s") or 0.0) for f in failures), default=0.0)
+                silent = max((f.silent_s for f in failures), default=0.0)
                 self.goodput.failed(self._clock(), silent_s=silent)
                 if self.restarts < self.job.failure.max_restarts:
                     self.restarts += 1
@@ -625,27 +588,21 @@ class JobMaster:
                 else:
                     last = failures[-1]
                     reason = (f"restart budget exhausted (failure.max_restarts={self.job.failure.max_restarts}) "
-                              f"by {self._failure_counts()}; "
-                              f"last failure: rank {last.get('rank')} on node {node_id}, {describe(last)}"
-                              + (f" (exit code {last.get('exit_code')})" if last.get("exit_code") is not None else ""))
+                              f"by {self.nodes.blame()}; "
+                              f"last failure: rank {last.rank} on node {node_id}, {describe(last)}"
+                              + (f" (exit code {last.exit_code})" if last.exit_code is not None else ""))
                     action = "stopped the job: restart budget exhausted"
                     self._finish(JobState.FAILED, reason)
             counted = not consequence and not held and verdict is None
             for f in failures:
-                rec = {
-                    "time_s": self._now(), "round": round_index, "node_id": node_id,
-                    "rank": f.get("rank"), "local_rank": f.get("local_rank"), "exit_code": f.get("exit_code"),
-                    "signal": signal_name(f.get("exit_code")), "step": self.goodput.last_step,
-                    "last_committed_step": self.goodput.last_committed_step, "action": action,
-                    "restored_step": None, "restored_from": None, "counted": counted,
-                    "kind": f.get("kind") or ("signal" if signal_name(f.get("exit_code")) else "exit"),
-                    "detail": describe(f),
-                }
-                self.failures.append(rec)
-                log.warning("worker_failed", node_id=node_id, rank=rec["rank"], kind=rec["kind"], detail=rec["detail"],
-                            step=rec["step"], action=action)
+                rec = failure_record(f, time_s=self._now(), round_index=round_index, node_id=node_id,
+                                     step=self.goodput.last_step, last_committed_step=self.goodput.last_committed_step,
+                                     action=action)
+                self.failures.append((rec, counted))
+                log.warning("worker_failed", node_id=node_id, rank=rec.rank, kind=rec.kind, detail=rec.detail,
+                            step=rec.step, action=action)
                 self._event("worker_failed", **{("failure_kind" if k == "kind" else k): v
-                                                for k, v in rec.items() if k != "counted"})
+                                                for k, v in encode(rec).items()})
             if counted and not self.state.is_terminal and round_index < self.required_round:
                 self._event("workers_restarted", round=self.required_round, restarts=self.restarts)
             if verdict is not None and not self.state.is_terminal:
@@ -655,15 +612,15 @@ class JobMaster:
                     if blamed is not None and blamed.failures > 0:
                         blamed.failures -= 1  # the script's error, not its node's
                 when = ("before its first step (at import or start-up): an error of the script, not of a node"
-                        if kind == "script" else f"at step {exc.get('step')}, in two failing rounds in a row")
+                        if kind == "script" else f"at step {exc.step}, in two failing rounds in a row")
                 self._finish(JobState.FAILED, (
-                    f"not retryable: every rank raised {exc.get('exc_type')}: {exc.get('message')} {when}; "
-                    f"restarting cannot help.\n{exc.get('traceback', '')}").rstrip())
+                    f"not retryable: every rank raised {exc.exc_type}: {exc.message} {when}; "
+                    f"restarting cannot help.\n{exc.traceback}").rstrip())
             elif (counted and not self.state.is_terminal and self._held is None
                   and node.failures >= self.job.failure.max_node_failures):
                 self._exclude(node, f"it failed {node.failures} times (failure.max_node_failures="
                                     f"{self.job.failure.max_node_failures})")
-            return {"action": self._action(round_index, node)}
+            return ActionAnswer(action=self._action(round_index, node))
 
     def _order_restart(self, round_index: int) -> None:
         """Every worker restarts into the round after ``round_index`` (the restart is counted
@@ -685,15 +642,9 @@ class JobMaster:
         log.info("restart_released", round=round_index, node_id=node_id)
         self._event("workers_restarted", round=self.required_round, restarts=self.restarts)
         node = self.nodes.get(node_id)
-        if node is not None and node.state not in _GONE and node.failures >= self.job.failure.max_node_failures:
+        if node is not None and not node.gone and node.failures >= self.job.failure.max_node_failures:
             self._exclude(node, f"it failed {node.failures} times (failure.max_node_failures="
                                 f"{self.job.failure.max_node_failures})")
-
-    def _failure_counts(self) -> str:
-        """``"3 failures: node 0 (2), node 1 (1)"``: the failures each node was blamed for."""
-        blamed = sorted((n for n in self.nodes.values() if n.failures), key=lambda n: n.node_id)
-        total = sum(n.failures for n in blamed)
-        return f"{_plural(total, 'failure')}: " + ", ".join(f"node {n.node_id} ({n.failures})" for n in blamed)
 
     def _exclude(self, node: NodeRecord, why: str) -> None:
         """Take a node out of the job for good and ask for a replacement."""
@@ -711,7 +662,7 @@ class JobMaster:
         if self._relauncher is None or self._relaunch is None:
             return
         cap = self.job.failure.max_restarts + self.job.nodes.max
-        if sum(n.relaunches for n in self.nodes.values()) >= cap:
+        if self.nodes.relaunches() >= cap:
             self._finish(JobState.FAILED, f"gave up relaunching nodes after {cap} relaunches "
                                           "(failure.max_restarts + nodes.max)")
             return
@@ -739,7 +690,9 @@ class JobMaster:
 
         self._after_journal(lambda: relauncher.submit(run))
 
-    def succeeded(self, node_id: int, round_index: int) -> dict[str, Any]:
+    def succeeded(self, message: Succeeded) -> ActionAnswer:
+        """Every worker of a node exited 0; the job succeeds when every node of the round did."""
+        node_id, round_index = message.node_id, message.round
         with self._lock:
             node = self._node(node_id)
             node.last_heartbeat = self._clock()
@@ -762,12 +715,13 @@ class JobMaster:
                             f"{lost} were not persisted (storage errors; last: {error}); see events.jsonl"))
                     else:
                         self._finish(JobState.SUCCEEDED)
-            return {"action": self._action(round_index, node)}
+            return ActionAnswer(action=self._action(round_index, node))
 
-    def exited(self, node_id: int) -> dict[str, Any]:
-        """The agent of ``node_id`` exited (the job ended for it, or it was stopped: scaled
+    def exited(self, message: Exited) -> ActionAnswer:
+        """The agent of a node exited (the job ended for it, or it was stopped: scaled
         down, preempted). A member of the running round leaving makes the others restart
         into a round without it; too few nodes left fails the job at once."""
+        node_id = message.node_id
         with self._batch():
             node = self._node(node_id)
             was = node.state
@@ -782,7 +736,7 @@ class JobMaster:
                 log.warning("node_exited_mid_round", node_id=node_id, round=rnd.index)
                 self._new_round(f"node {node_id} exited")
             self._check_below_min()
-            return {"action": "stop"}
+            return ActionAnswer(action=Action.STOP)
 
     def _new_round(self, why: str) -> None:
         """The running round cannot go on (a member left, its store is gone): every node
@@ -794,7 +748,7 @@ class JobMaster:
         self.rdzv.open_round()
         log.info("membership_changed", round=self.required_round, reason=why)
         self._event("membership_changed", round=self.required_round, from_nodes=len(rnd.node_ids),
-                    to_nodes=len(self._live_nodes()), reason=why)
+                    to_nodes=len(self.nodes.live()), reason=why)
         self._decided("membership_changed")
 
     def _coming(self) -> list[int]:
@@ -807,18 +761,17 @@ class JobMaster:
         rnd = self.rdzv.latest
         if self.state.is_terminal or rnd is None:
             return
-        live = self._live_nodes()
+        live = self.nodes.live()
         # members of the running round that finished need not come back for it to succeed
-        done = (sum(1 for n in self._succeeded_nodes if n in self.nodes and self.nodes[n].state in _GONE)
+        done = (sum(1 for n in self._succeeded_nodes if self.nodes.is_gone(n))
                 if rnd.index >= self.required_round else 0)
         if len(live) + len(self._coming()) + done >= self.job.nodes.min:
             return
-        gone = [f"node {n} {why}" for n, why in sorted(self._gone_why.items())
-                if n in self.nodes and self.nodes[n].state in _GONE]
+        gone = [f"node {n} {why}" for n, why in sorted(self._gone_why.items()) if self.nodes.is_gone(n)]
         lost = any(self.nodes[n].state == "dead" for n in self._gone_why if n in self.nodes)
         cannot = "; the scheduler cannot relaunch nodes" if lost and self._relaunch is None else ""
         self._finish(JobState.FAILED, (
-            f"{_plural(len(live), 'live node')} < nodes.min={self.job.nodes.min} and none can come back: "
+            f"{plural(len(live), 'live node')} < nodes.min={self.job.nodes.min} and none can come back: "
             f"{', '.join(gone) or 'no other node'}{cannot}; live: "
             f"{', '.join(f'node {n.node_id}' for n in sorted(live, key=lambda n: n.node_id)) or 'none'}"))
 
@@ -828,32 +781,33 @@ class JobMaster:
         rnd = self.rdzv.latest
         if self.state.is_terminal or (rnd is not None and rnd.index >= self.required_round):
             return ""
-        live = sorted(n.node_id for n in self._live_nodes())
+        live = sorted(n.node_id for n in self.nodes.live())
         need = self.job.nodes.min - len(live)
         if need <= 0:
             return ""
         coming = self._coming()
-        return (f"waiting for {_plural(need, 'more node')}; live: "
+        return (f"waiting for {plural(need, 'more node')}; live: "
                 f"{', '.join(f'node {n}' for n in live) or 'none'} ({len(live)} < nodes.min={self.job.nodes.min})"
                 + (f"; relaunching: {', '.join(f'node {n}' for n in coming)}" if coming else ""))
 
-    def cancel(self, reason: str = "cancelled by the user") -> dict[str, Any]:
+    def cancel(self, message: Cancel) -> ActionAnswer:
+        """End the job CANCELLED with ``message.reason``."""
         with self._lock:
-            self._finish(JobState.CANCELLED, reason)
-            return {"action": "stop"}
+            self._finish(JobState.CANCELLED, message.reason or Cancel().reason)
+            return ActionAnswer(action=Action.STOP)
 
     # ----- periodic work -----------------------------------------------------------------
 
     def _try_complete(self) -> Round | None:
         # a round forms only when one is required: the first, or after a restart order
-        if self.state.is_terminal or self.rdzv.next_index > self.required_round or self._check is not None:
+        if self.state.is_terminal or self.rdzv.next_index > self.required_round or self.node_checks.run is not None:
             return None
         # the first round does not know who else will come: no early completion by "all
         # live nodes joined", only at max nodes or after the last call
-        live = len(self._live_nodes()) if self.rdzv.latest is not None and self._need_live_count() else None
+        live = len(self.nodes.live()) if self.rdzv.latest is not None and self._need_live_count() else None
         if self.job.failure.node_check:
             chosen = self.rdzv.choose(live_nodes=live)
-            if chosen is not None and any(self._checked.get(n) != self.required_round for n in chosen):
+            if chosen is not None and self.node_checks.needed(chosen, self.required_round):
                 self._start_check(chosen)
                 return None
         rnd = self.rdzv.try_complete(live_nodes=live)
@@ -884,65 +838,33 @@ class JobMaster:
 
     # ----- node checks ---------------------------------------------------------------------
 
-    #: seconds a node-check round may take (a cold process start included)
-    CHECK_TIMEOUT_S = 120.0
-
     def _start_check(self, nodes: list[int]) -> None:
-        port, store = self._store_factory()
-        self._check_store = (port, store)
-        self._check = NodeCheckRun(nodes=sorted(nodes), store_port=port, started=self._clock())
-        log.info("node_check_started", nodes=self._check.nodes, groups=self._check.groups)
-        self._event("node_check_started", nodes=self._check.nodes, groups=self._check.groups)
+        run = self.node_checks.start(nodes)
+        log.info("node_check_started", nodes=run.nodes, groups=run.groups)
+        self._event("node_check_started", nodes=run.nodes, groups=run.groups)
 
-    def _check_order(self, node_id: int) -> dict[str, Any] | None:
-        run = self._check
-        if run is None or node_id in run.results[run.round]:
-            return None
-        found = run.group_of(node_id)
-        if found is None:
-            return None
-        index, group = found
-        return {"state": "check", "action": "none", "check_round": run.round, "group": group,
-                "group_rank": group.index(node_id), "group_size": len(group), "store_host": self.store_host,
-                "store_port": run.store_port, "prefix": f"check{run.round}/group{index}",
-                "timeout_s": self.CHECK_TIMEOUT_S}
-
-    def node_check(self, node_id: int, check_round: int, result: dict[str, Any]) -> dict[str, Any]:
+    def node_check(self, message: NodeCheckReport) -> ActionAnswer:
         """A node's result of a node-check round."""
         with self._lock:
-            run = self._check
-            if run is None or check_round != run.round or node_id not in run.nodes:
-                return {"action": "none"}
-            run.report(node_id, {**result, "elapsed_s": result.get("elapsed_s") if result.get("ok") else float("inf")})
-            self._advance_check()
-            return {"action": "none"}
+            if self.node_checks.report(message):
+                self._advance_check()
+            return ActionAnswer()
 
     def _advance_check(self, *, timed_out: bool = False) -> None:
-        run = self._check
-        if run is None:
+        """Go on with the node check; when it is over, exclude the faulty nodes (and the
+        stragglers, if asked)."""
+        verdict = self.node_checks.advance(self.required_round, timed_out=timed_out)
+        if verdict is None:
             return
-        if timed_out:
-            run.fail_missing()
-        if not run.round_done:
-            return
-        if run.next_round():
-            port, store = self._store_factory()
-            self._check_store = (port, store)
-            run.store_port, run.started = port, self._clock()
-            log.info("node_check_round", round=run.round, groups=run.groups)
-            return
-        faulty, stragglers, best = run.verdict()
-        self._check, self._check_store = None, None
-        log.info("node_check_finished", faulty=faulty, stragglers=stragglers, best_s={str(k): round(v, 3) for k, v in best.items()})
-        self._event("node_check_finished", faulty=faulty, stragglers=stragglers,
-                    best_s={str(k): round(v, 3) for k, v in best.items()})
-        for n in run.nodes:
-            self._checked[n] = self.required_round
-        for n in faulty:
+        best = {str(k): round(v, 3) for k, v in verdict.best_s.items()}
+        log.info("node_check_finished", faulty=verdict.faulty, stragglers=verdict.stragglers, best_s=best)
+        self._event("node_check_finished", faulty=verdict.faulty, stragglers=verdict.stragglers, best_s=best)
+        for n in verdict.faulty:
             self._exclude(self._node(n), "it failed the node check twice")
         if self.job.failure.exclude_stragglers:
-            for n in stragglers:
-                self._exclude(self._node(n), f"it is a straggler (node check {best[n]:.2f} s, over twice the median)")
+            for n in verdict.stragglers:
+                self._exclude(self._node(n), f"it is a straggler (node check {verdict.best_s[n]:.2f} s, over twice "
+                                             "the median)")
 
     def _lose(self, node: NodeRecord, silent_s: float) -> None:
         node.state = "dead"
@@ -951,9 +873,8 @@ class JobMaster:
         log.warning("node_lost", node_id=node.node_id, silent_s=round(silent_s, 1))
         rnd = self.rdzv.latest
         if rnd is not None and node.node_id in rnd and rnd.index >= self.required_round:
-            self.failure(node.node_id, rnd.index, [{
-                "rank": None, "local_rank": None, "exit_code": None, "kind": "node_lost",
-                "detail": f"no heartbeat for {silent_s:.0f} s"}])
+            self.failure(FailureReport(node_id=node.node_id, round=rnd.index, failures=(
+                WorkerFailure(kind="node_lost", detail=f"no heartbeat for {silent_s:.0f} s"),)))
         else:
             node.failures += 1
         self._note_node(node, point="node_lost")
@@ -998,7 +919,7 @@ class JobMaster:
             timeout = self.job.failure.heartbeat_timeout_s
             for node in list(self.nodes.values()):
                 silent = now - node.last_heartbeat
-                if node.state not in _GONE and silent > timeout:
+                if not node.gone and silent > timeout:
                     if node.node_id in self._relaunching:  # ordered, never registered: maybe never issued
                         log.warning("node_relaunch_unanswered", node_id=node.node_id, silent_s=round(silent, 1))
                         self._start_relaunch(node.node_id, replaces=node.node_id,
@@ -1008,7 +929,7 @@ class JobMaster:
             if self.state.is_terminal:
                 return
             self._maybe_scale_up(now)
-            if self._check is not None and now - self._check.started > self.CHECK_TIMEOUT_S:
+            if self.node_checks.timed_out():
                 self._advance_check(timed_out=True)
             since = self.rdzv.forming_since
             join_timeout = self.job.nodes.join_timeout_s
@@ -1034,8 +955,9 @@ class JobMaster:
                                                    "store_port": store[0] if store is not None else None},
                 "relaunching": sorted(self._relaunching), "gone_why": {str(k): v for k, v in self._gone_why.items()},
                 "succeeded": sorted(self._succeeded_nodes),
-                "nodes": [_journal_dict(n) for n in self.nodes.values()],
-                "failures": self.failures, "metrics": self.metrics, "goodput": self.goodput.to_dict(),
+                "nodes": self.nodes.to_journal(),
+                "failures": [{**encode(f), "counted": counted} for f, counted in self.failures],
+                "metrics": self.metrics, "goodput": self.goodput.to_dict(),
                 "pending_shards": self.checkpoints.pending_shards() if self.checkpoints else [],
                 "checkpoints": self.checkpoints.to_dict() if self.checkpoints else {},
             }
@@ -1059,11 +981,7 @@ class JobMaster:
             self.rdzv.restore(rnd)
             self._whole_rounds_from = rnd.index + 1 if rnd is not None else 0
             self._succeeded_nodes = set(snap["succeeded"])
-            self.nodes = {}
-            for n in [*snap["nodes"], *(e["node"] for e in entries)]:  # later lines win
-                node = NodeRecord(**{**n, "workers": {int(k): v for k, v in n["workers"].items()},
-                                     "steps": {int(k): v for k, v in n["steps"].items()}})
-                self.nodes[node.node_id] = node
+            self.nodes = NodeTable.from_journal([*snap["nodes"], *(e["node"] for e in entries)])  # later lines win
             self._gone_why = {int(k): v for k, v in (snap.get("gone_why") or {}).items()}
             relaunching = {int(n) for n in snap.get("relaunching") or ()}
             for entry in entries:
@@ -1096,7 +1014,8 @@ class JobMaster:
                     log.info("round_store_reopened", round=current.index, port=port)
                 except Exception as exc:  # taken meanwhile: a node that needs it opens a new round
                     log.warning("round_store_lost", round=current.index, port=port, error=f"{type(exc).__name__}: {exc}")
-            self.failures, self.metrics = snap["failures"], snap["metrics"]
+            self.failures = [(decode(FailureRecord, f), bool(f.get("counted"))) for f in snap["failures"]]
+            self.metrics = snap["metrics"]
             self.goodput = GoodputTracker.from_dict(snap["goodput"])
             if self.checkpoints is not None:
                 self.checkpoints.load_dict(snap.get("checkpoints") or {"pending_shards": snap["pending_shards"]})
@@ -1110,46 +1029,40 @@ class JobMaster:
     def drained(self) -> bool:
         """The job is over and every registered agent has exited (or was declared dead)."""
         with self._lock:
-            return self.state.is_terminal and all(n.state in _GONE for n in self.nodes.values())
+            return self.state.is_terminal and all(n.gone for n in self.nodes.values())
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> MasterStatus:
+        """The job's live status, with the node table (``/v1/status``)."""
         with self._lock:
             rnd = self.rdzv.latest
             g = self.goodput
-            return {
-                "job_id": self.job_id, "state": self.state.value,
-                "message": self.reason or self._waiting_message() or self._warning(),
-                "step": g.last_step, "metrics": dict(self.metrics),
+            return MasterStatus(
+                job_id=self.job_id, state=self.state,
+                message=self.reason or self._waiting_message() or self._warning(),
+                step=g.last_step, metrics=dict(self.metrics),
                 # the running round's members still alive (not its size: a node that left is not counted)
-                "nodes": sum(1 for n in rnd.node_ids if n in self.nodes and self.nodes[n].state not in _GONE) if rnd else 0,
-                "max_nodes": self.job.nodes.max,
-                "restarts": self.restarts, "round": rnd.index if rnd else -1,
-                "elapsed_s": round(self._now(), 3), "node_table": [n.to_dict() for n in self.nodes.values()],
-                "goodput": self._timeline(),
-            }
+                nodes=sum(1 for n in rnd.node_ids if self.nodes.is_live(n)) if rnd else 0,
+                max_nodes=self.job.nodes.max, restarts=self.restarts, round=rnd.index if rnd else -1,
+                elapsed_s=round(self._now(), 3), node_table=self.nodes.rows(),
+                goodput=self.goodput.timeline(self._wall_s()),
+            )
 
     def _warning(self) -> str:
         """A running job's storage trouble, for the status line (empty when none)."""
         error = self.checkpoints.persist_error if self.checkpoints is not None else None
-        if not error:
+        if error is None:
             return ""
-        return (f"checkpoint storage failing: step {error.get('step')} rank {error.get('rank')}: {error.get('error')} "
+        return (f"checkpoint storage failing: step {error.step} rank {error.rank}: {error.error} "
                 f"(last commit: step {self.checkpoints.latest})")  # type: ignore[union-attr]
 
-    def _timeline(self) -> dict[str, float]:
-        g = self.goodput
+    def _wall_s(self) -> float:
+        """Seconds from the master's start to the job's end (or now), never 0."""
         end = self.ended if self.ended is not None else self._clock()
-        wall = max(end - self.started, 1e-9)
-        parts = {"productive_s": g.productive_s, "checkpoint_stall_s": g.checkpoint_stall_s, "restore_s": g.restore_s,
-                 "recomputed_s": g.recomputed_s, **g.phases}
-        parts["other_s"] = max(0.0, wall - sum(parts.values()))
-        return {"wall_time_s": round(wall, 3), "goodput": round(min(1.0, g.productive_s / wall), 4),
-                **{k: round(v, 3) for k, v in parts.items()}}
+        return max(end - self.started, 1e-9)
 
     def result(self) -> JobResult:
         with self._lock:
-            end = self.ended if self.ended is not None else self._clock()
-            wall = max(end - self.started, 1e-9)
+            wall = self._wall_s()
             g = self.goodput
             return JobResult(
                 job_id=self.job_id,
@@ -1159,6 +1072,6 @@ class JobMaster:
                 checkpoint_stall_s=g.checkpoint_stall_s, restore_s=g.restore_s, recomputed_s=g.recomputed_s,
                 detection_s=g.phases["detection_s"], restart_s=g.phases["restart_s"],
                 rendezvous_s=g.phases["rendezvous_s"], startup_s=g.phases["startup_s"],
-                failures=tuple(FailureRecord(**{k: v for k, v in f.items() if k != "counted"}) for f in self.failures),
+                failures=tuple(f for f, _ in self.failures),
                 metrics=dict(self.metrics), log_dir=str(self.log_dir or ""),
             )

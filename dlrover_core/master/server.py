@@ -1,24 +1,32 @@
 """The master's HTTP/JSON API, a thin layer over :class:`JobMaster`, served by uvicorn.
 
-Every endpoint takes and returns JSON; a 4xx answer carries ``{"error": ...}``.
+Every endpoint takes and returns JSON: the body is decoded into the endpoint's request
+message (:data:`dlrover_core.protocol.messages.ENDPOINTS`), the :class:`JobMaster` method of
+the same name is called with it, and its answer is encoded. A malformed body (a field
+missing or of the wrong type) is answered 400 with ``{"error": ...}`` naming the message and
+the field; fields the master does not know (from a newer peer) are ignored.
 
 ==========================  ===========================================================
-``POST /v1/register``       ``{node_id, host, pid}``
-``POST /v1/join``           ``{node_id, nproc}`` → ``{round}``
-``POST /v1/poll``           ``{node_id}`` → ``{state: waiting|ready|stop, ...world}``
-``POST /v1/heartbeat``      ``{node_id, round, workers, steps, records}`` → ``{action}``
-``POST /v1/failure``        ``{node_id, round, failures: [{rank, local_rank, exit_code}]}``
-``POST /v1/succeeded``      ``{node_id, round}`` → ``{action}``
-``POST /v1/exited``         ``{node_id}``
-``POST /v1/node_check``     ``{node_id, check_round, result: {ok, elapsed_s, ...}}``
-``POST /v1/cancel``         ``{reason}``
-``POST /v1/checkpoint_shard`` ``{node_id, rank, step, world_size, crc32, bytes}`` → ``{committed}``
-``POST /v1/checkpoint_error`` ``{node_id, rank, step, error}``
-``POST /v1/restore_plan``   ``{round, rank, world_size, memory: [[step, round]]}`` → ``{state, source, step}``
-``POST /v1/restore_verify`` ``{round, rank, world_size, step, ok, error}`` → ``{state, step}``
-``GET  /v1/status``         live status (``JobStatus`` fields plus the node table)
-``GET  /v1/result``         the JobResult as a dict
+``POST /v1/register``       ``Register{node_id, host, pid}`` → ``Registered{action, job_id, token}``
+``POST /v1/join``           ``Join{node_id, nproc}`` → ``Joined{action, round}``
+``POST /v1/poll``           ``Poll{node_id}`` → ``RoundAssignment{state: waiting|ready|rejoin|check|stop, ...}``
+``POST /v1/heartbeat``      ``Heartbeat{node_id, round, workers, steps, records, saves}`` → ``{action}``
+``POST /v1/failure``        ``FailureReport{node_id, round, failures: [WorkerFailure]}`` → ``{action}``
+``POST /v1/succeeded``      ``Succeeded{node_id, round}`` → ``{action}``
+``POST /v1/exited``         ``Exited{node_id}`` → ``{action}``
+``POST /v1/node_check``     ``NodeCheckReport{node_id, check_round, result}`` → ``{action}``
+``POST /v1/cancel``         ``Cancel{reason}`` → ``{action}``
+``POST /v1/checkpoint_shard`` ``ShardReport{node_id, rank, step, world_size, round, crc32, bytes}`` → ``ShardAnswer{committed}``
+``POST /v1/checkpoint_error`` ``CheckpointErrorReport{node_id, rank, step, error, fatal}`` → ``{action}``
+``POST /v1/restore_plan``   ``RestorePlanRequest{round, rank, world_size, memory}`` → ``RestoreDecision{state, source, step}``
+``POST /v1/restore_verify`` ``RestoreVerify{round, rank, world_size, step, ok, error}`` → ``RestoreVerifyAnswer{state, step}``
+``GET  /v1/status``         ``MasterStatus`` (live status with the node table)
+``GET  /v1/result``         ``JobResult``
 ==========================  ===========================================================
+
+Calls an agent makes for its node carry its fencing ``token``: the calls of an agent that
+was replaced are answered ``{"action": "stop", "state": "stop", "fenced": true}`` and change
+nothing (:meth:`JobMaster.fenced`).
 
 How it is served: uvicorn's event loop (uvloop and the httptools parser where installed)
 runs in one background thread with keep-alive connections, and each request calls the
@@ -42,11 +50,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import uvicorn
 
+from dlrover_core.errors import ProtocolError
 from dlrover_core.logging import get_logger
 from dlrover_core.master.job_master import JobMaster
 from dlrover_core.protocol.client import POLL_HOLD_MAX_S
+from dlrover_core.protocol.codec import decode, encode
+from dlrover_core.protocol.messages import ENDPOINTS, Action, Endpoint, Poll, PollState, RoundAssignment
 
 __all__ = ["MasterServer"]
 
@@ -69,14 +81,17 @@ _WATCH_S = 0.01
 _FULL_GC_THRESHOLD = 1000
 
 _JSON_HEADERS = [(b"content-type", b"application/json")]
-#: Endpoints an agent calls for its node: a replaced (fenced) agent's calls are answered
-#: ``stop`` and change nothing (``JobMaster.fenced``).
-_FENCED = frozenset({"join", "poll", "heartbeat", "failure", "succeeded", "exited", "node_check",
-                     "checkpoint_shard", "checkpoint_error"})
 
 
-def _int_keys(d: dict[str, Any] | None) -> dict[int, int]:
-    return {int(k): int(v) for k, v in (d or {}).items()}
+def _fenced_answer(endpoint: Endpoint) -> Any:
+    """What a replaced (fenced) agent's call to ``endpoint`` is answered: stop."""
+    fields = attrs.fields_dict(endpoint.answer)
+    values = {"action": Action.STOP, "state": PollState.STOP, "fenced": True}
+    return endpoint.answer(**{k: v for k, v in values.items() if k in fields})
+
+
+#: The answer of each endpoint to a replaced agent (``Endpoint.fenced``).
+_FENCED = {name: _fenced_answer(e) for name, e in ENDPOINTS.items() if e.fenced}
 
 
 def _is_json(headers: list[tuple[bytes, bytes]]) -> bool:
@@ -103,29 +118,8 @@ class MasterServer:
 
     def __init__(self, master: JobMaster, host: str = "127.0.0.1", port: int = 0) -> None:
         self.master = master
-        m = master
-        self._routes: dict[str, Callable[[Any], Any]] = {
-            "register": lambda b: m.register(int(b["node_id"]), str(b.get("host", "")), int(b.get("pid", 0))),
-            "join": lambda b: m.join(int(b["node_id"]), int(b["nproc"])),
-            "poll": lambda b: m.poll(int(b["node_id"])),
-            "heartbeat": lambda b: m.heartbeat(
-                int(b["node_id"]), int(b["round"]), workers=_int_keys(b.get("workers")),
-                steps=_int_keys(b.get("steps")), records=b.get("records") or [],
-                pid=int(b["pid"]) if b.get("pid") else None,
-                saves={int(k): [int(s) for s in v] for k, v in (b.get("saves") or {}).items()},
-                token=int(b["token"]) if b.get("token") is not None else None),
-            "failure": lambda b: m.failure(int(b["node_id"]), int(b["round"]), list(b["failures"])),
-            "succeeded": lambda b: m.succeeded(int(b["node_id"]), int(b["round"])),
-            "exited": lambda b: m.exited(int(b["node_id"])),
-            "node_check": lambda b: m.node_check(int(b["node_id"]), int(b["check_round"]), dict(b["result"])),
-            "cancel": lambda b: m.cancel(str(b.get("reason") or "cancelled by the user")),
-            "checkpoint_shard": m.checkpoint_shard,
-            "checkpoint_error": m.checkpoint_error,
-            "restore_plan": m.restore_plan,
-            "restore_verify": m.restore_verify,
-            "status": lambda b: m.status(),
-            "result": lambda b: m.result().to_dict(),
-        }
+        #: endpoint name -> the JobMaster method of that name (it takes the request message)
+        self._routes: dict[str, Callable[..., Any]] = {name: getattr(master, name) for name in ENDPOINTS}
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._socket = socket.create_server((host, port), family=family, backlog=_BACKLOG)
         self.port: int = self._socket.getsockname()[1]
@@ -154,15 +148,38 @@ class MasterServer:
 
     # ----- requests ----------------------------------------------------------------------
 
-    def _call(self, name: str, payload: Any) -> tuple[int, Any]:
-        """Call endpoint ``name`` of the master; return ``(status, JSON-able answer)``."""
+    def _decode(self, name: str, payload: Any) -> Any:
+        """The request message of endpoint ``name`` in ``payload`` (``None`` for a GET).
+
+        Raises:
+            ProtocolError: a field is missing or has the wrong type.
+        """
+        request = ENDPOINTS[name].request
+        return None if request is None else decode(request, payload)
+
+    def _call(self, name: str, message: Any) -> tuple[int, Any]:
+        """Call endpoint ``name`` of the master with its request message (``None`` for a
+        GET); return ``(status, answer)``: the answer message, or an error's JSON."""
         try:
-            return 200, self._routes[name](payload)
+            return 200, self._routes[name]() if message is None else self._routes[name](message)
         except (KeyError, TypeError, ValueError) as exc:
             return 400, {"error": f"bad request to /v1/{name}: {type(exc).__name__}: {exc}"}
         except Exception as exc:  # a bug in the master: the client retries a 5xx answer
             log.exception("master_request_failed", endpoint=name)
             return 500, {"error": f"/v1/{name} failed: {type(exc).__name__}: {exc}"}
+
+    def _handle(self, name: str, payload: Any) -> tuple[int, Any] | Poll:
+        """Decode the body and answer it; a poll that may be held is returned as the message."""
+        try:
+            message = self._decode(name, payload)
+        except ProtocolError as exc:
+            return 400, {"error": f"bad request to /v1/{name}: {exc}"}
+        fenced = _FENCED.get(name)
+        if fenced is not None and self.master.fenced(message.node_id, message.token):
+            return 200, fenced
+        if name == "poll":
+            return message
+        return self._call(name, message)
 
     async def _app(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -187,14 +204,10 @@ class MasterServer:
                     payload = json.loads(body) or {}
                 except ValueError:  # a body that is not JSON counts as empty
                     payload = {}
-            if name in _FENCED and isinstance(payload, dict) and self.master.fenced(payload):
-                status, answer = 200, {"action": "stop", "state": "stop", "fenced": True}
-            elif name == "poll":
-                status, answer = await self._poll(payload)
-            else:
-                status, answer = self._call(name, payload)
+            handled = self._handle(name, payload)
+            status, answer = await self._poll(handled) if isinstance(handled, Poll) else handled
             self._wake_if_changed()
-        data = json.dumps(answer).encode()
+        data = json.dumps(encode(answer)).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [*_JSON_HEADERS, (b"content-length", str(len(data)).encode())]})
         await send({"type": "http.response.body", "body": data})
@@ -206,10 +219,10 @@ class MasterServer:
         state, the round required and the round formed, and a node check's progress. (A
         change to one node alone, such as its exclusion, is seen when its hold ends.)"""
         m = self.master
-        check = getattr(m, "_check", None)  # JobMaster's node-check run, when one is under way
+        check = m.node_checks.run  # the node check under way, if any
         return (m.state, m.required_round, m.restarts, m.rdzv.next_index, id(check), getattr(check, "round", None))
 
-    async def _poll(self, payload: Any) -> tuple[int, Any]:
+    async def _poll(self, message: Poll) -> tuple[int, Any]:
         """Poll the master for a node; hold a ``waiting`` answer until the master's state
         changes or the hold time is up, then poll again (which also renews the node's
         liveness). Agents poll in a loop: without the hold, 10,000 of them would keep the
@@ -219,9 +232,10 @@ class MasterServer:
         deadline = loop.time() + min(POLL_HOLD_MAX_S, self.master.job.failure.heartbeat_interval_s)
         while True:
             before = self._signature()
-            status, answer = self._call("poll", payload)
+            status, answer = self._call("poll", message)
             remaining = deadline - loop.time()
-            if status != 200 or answer.get("state") != "waiting" or remaining <= 0 or self._server.should_exit:
+            if (status != 200 or not isinstance(answer, RoundAssignment) or answer.state != PollState.WAITING
+                    or remaining <= 0 or self._server.should_exit):
                 return status, answer
             if self._signature() != before:
                 continue  # it changed while the master answered: ask again at once

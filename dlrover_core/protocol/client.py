@@ -4,6 +4,11 @@ A master can come back at another address (the local scheduler restarts a dead m
 free port when its old one was taken): with an address file (``addr_file``, by default the
 one named by ``DLROVER_MASTER_ADDR_FILE``) the client re-reads it whenever a request fails
 to reach the master, and the next attempt goes to the address written there.
+
+Every endpoint has a method that takes its request message and returns its answer
+(:mod:`dlrover_core.protocol.messages`): ``client.heartbeat(Heartbeat(...))`` →
+:class:`~dlrover_core.protocol.messages.HeartbeatAnswer`, ``client.status()`` →
+:class:`~dlrover_core.protocol.status.MasterStatus`.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import tenacity
@@ -20,6 +25,32 @@ import tenacity
 from dlrover_core import env
 from dlrover_core.errors import DLRoverError, MasterUnavailableError, TransientError
 from dlrover_core.logging import get_logger
+from dlrover_core.protocol.codec import decode, encode
+from dlrover_core.protocol.messages import (
+    ActionAnswer,
+    Cancel,
+    CheckpointErrorReport,
+    Exited,
+    FailureReport,
+    Heartbeat,
+    HeartbeatAnswer,
+    Join,
+    Joined,
+    NodeCheckReport,
+    Poll,
+    Register,
+    Registered,
+    RestoreDecision,
+    RestorePlanRequest,
+    RestoreVerify,
+    RestoreVerifyAnswer,
+    RoundAssignment,
+    ShardAnswer,
+    ShardReport,
+    Succeeded,
+)
+from dlrover_core.protocol.result import JobResult
+from dlrover_core.protocol.status import MasterStatus
 from dlrover_core.retry import master_retrying
 
 __all__ = ["MasterClient"]
@@ -30,6 +61,8 @@ log = get_logger()
 #: (seconds; ``MasterServer`` holds it for ``Failure.heartbeat_interval_s`` at most this).
 #: A poll's timeout is the client's timeout plus this.
 POLL_HOLD_MAX_S = 3.0
+
+A = TypeVar("A")
 
 
 class MasterClient:
@@ -44,9 +77,10 @@ class MasterClient:
         addr_file: a file holding the master's current ``host:port``, re-read when a request
             does not reach the master (default: ``$DLROVER_MASTER_ADDR_FILE``; ``""``: none).
 
-    Raises (from :meth:`call`):
+    Raises (from every call):
         MasterUnavailableError: the master did not answer within the retry policy.
         DLRoverError: the master rejected the request (4xx), with its message.
+        ProtocolError: the master's answer is malformed.
     """
 
     def __init__(
@@ -66,7 +100,74 @@ class MasterClient:
         self._addr_file = Path(file) if file else None
         self._swap = threading.Lock()
 
-    def call(self, name: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    # ----- one method per endpoint ----------------------------------------------------------
+
+    def register(self, message: Register) -> Registered:
+        """An agent starts for its node; the answer holds its fencing token."""
+        return self._exchange("register", message, Registered)
+
+    def join(self, message: Join) -> Joined:
+        """Join the next rendezvous round."""
+        return self._exchange("join", message, Joined)
+
+    def poll(self, message: Poll) -> RoundAssignment:
+        """Whether the round formed (the master may hold the answer up to :data:`POLL_HOLD_MAX_S`)."""
+        return self._exchange("poll", message, RoundAssignment)
+
+    def heartbeat(self, message: Heartbeat) -> HeartbeatAnswer:
+        """Report progress and liveness; the answer says whether to go on."""
+        return self._exchange("heartbeat", message, HeartbeatAnswer)
+
+    def failure(self, message: FailureReport) -> ActionAnswer:
+        """Report failed workers (or a failed node)."""
+        return self._exchange("failure", message, ActionAnswer)
+
+    def succeeded(self, message: Succeeded) -> ActionAnswer:
+        """Report that every worker of the node exited 0."""
+        return self._exchange("succeeded", message, ActionAnswer)
+
+    def exited(self, message: Exited) -> ActionAnswer:
+        """Report that the agent exits."""
+        return self._exchange("exited", message, ActionAnswer)
+
+    def node_check(self, message: NodeCheckReport) -> ActionAnswer:
+        """Report a node-check round's result."""
+        return self._exchange("node_check", message, ActionAnswer)
+
+    def cancel(self, message: Cancel | None = None) -> ActionAnswer:
+        """Cancel the job."""
+        return self._exchange("cancel", message or Cancel(), ActionAnswer)
+
+    def checkpoint_shard(self, message: ShardReport) -> ShardAnswer:
+        """Report a shard durable in storage; the answer holds the newest commit."""
+        return self._exchange("checkpoint_shard", message, ShardAnswer)
+
+    def checkpoint_error(self, message: CheckpointErrorReport) -> ActionAnswer:
+        """Report a failed shard write (``fatal``: the job must fail)."""
+        return self._exchange("checkpoint_error", message, ActionAnswer)
+
+    def restore_plan(self, message: RestorePlanRequest) -> RestoreDecision:
+        """Report the snapshots a rank holds; the answer is the restore decision (or ``waiting``)."""
+        return self._exchange("restore_plan", message, RestoreDecision)
+
+    def restore_verify(self, message: RestoreVerify) -> RestoreVerifyAnswer:
+        """Report a rank's check of its shard of a storage step."""
+        return self._exchange("restore_verify", message, RestoreVerifyAnswer)
+
+    def status(self) -> MasterStatus:
+        """The master's live status."""
+        return decode(MasterStatus, self._call("status"))
+
+    def result(self) -> JobResult:
+        """The job's result (state ``UNKNOWN`` while it runs)."""
+        return decode(JobResult, self._call("result"))
+
+    # ----- transport -------------------------------------------------------------------------
+
+    def _exchange(self, name: str, message: Any, answer: type[A]) -> A:
+        return decode(answer, self._call(name, encode(message)))
+
+    def _call(self, name: str, body: dict[str, Any] | None = None) -> Any:
         """POST ``body`` to ``/v1/<name>`` (GET without a body); return the JSON answer."""
         try:
             for attempt in self._retrying():
@@ -76,7 +177,7 @@ class MasterClient:
             raise MasterUnavailableError(f"job master at {self.addr} did not answer /v1/{name}: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _once(self, name: str, body: dict[str, Any] | None) -> dict[str, Any]:
+    def _once(self, name: str, body: dict[str, Any] | None) -> Any:
         http = self._http
         try:
             if body is None:

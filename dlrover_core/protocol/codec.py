@@ -26,6 +26,16 @@ converter.register_structure_hook(int, lambda v, _: int(v))
 converter.register_structure_hook(float, lambda v, _: float(v))
 
 
+def _structure_bool(value: Any, _: type) -> bool:
+    # registered after int: bool subclasses int, and int's hook would turn True into 1
+    if isinstance(value, bool):
+        return value
+    raise TypeError(f"expected true or false, got {value!r}")
+
+
+converter.register_structure_hook(bool, _structure_bool)
+
+
 def encode(message: Any) -> Any:
     """``message`` as JSON-safe data (dicts, lists, strings, numbers, None)."""
     return converter.unstructure(message)

@@ -1,14 +1,111 @@
 """Messages between the master, the agents, the workers and the scheduler backends.
 
-Each is a frozen attrs class; :mod:`dlrover_core.protocol.codec` turns it into JSON and back.
-``docs/architecture.md`` has the table of who sends which, and when.
+Each is a frozen attrs class; :mod:`dlrover_core.protocol.codec` turns it into JSON and back
+(field names are the JSON keys on the wire). ``docs/architecture.md`` has the table of who
+sends which, and when; :data:`ENDPOINTS` maps each of the master's ``/v1/*`` endpoints to
+its request and answer classes.
+
+Calls an agent makes for its node carry ``node_id`` and ``token`` (the fencing token
+:class:`Registered` gave it; ``None`` before, or from a process that has none). The master
+answers a call from a replaced agent with ``fenced`` true and ``action`` ``stop``, and
+changes nothing (see :mod:`dlrover_core.master.server`).
+
+Endpoints (request → answer; the sender in each class's docstring): ``register``
+(:class:`Register` → :class:`Registered`), ``join`` (:class:`Join` → :class:`Joined`),
+``poll`` (:class:`Poll` → :class:`RoundAssignment`), ``heartbeat`` (:class:`Heartbeat` →
+:class:`HeartbeatAnswer`), ``failure`` (:class:`FailureReport`), ``succeeded``
+(:class:`Succeeded`), ``exited`` (:class:`Exited`), ``node_check``
+(:class:`NodeCheckReport`), ``cancel`` (:class:`Cancel`), ``checkpoint_error``
+(:class:`CheckpointErrorReport`) — these six answered with :class:`ActionAnswer` —,
+``checkpoint_shard`` (:class:`ShardReport` → :class:`ShardAnswer`), ``restore_plan``
+(:class:`RestorePlanRequest` → :class:`RestoreDecision`), ``restore_verify``
+(:class:`RestoreVerify` → :class:`RestoreVerifyAnswer`), and the GETs ``status``
+(:class:`~dlrover_core.protocol.status.MasterStatus`) and ``result``
+(:class:`~dlrover_core.protocol.result.JobResult`).
+
+Also here: :class:`NodeRelaunch` (master → scheduler backend), :class:`WorkerFailure` and
+:class:`WorkerException` (a worker's failure as its agent reports it; the exception record a
+worker writes to its progress file), :class:`NodeCheckResult` (what the node-check process
+prints for its agent).
 """
 
 from __future__ import annotations
 
+import enum
+from typing import Any
+
 import attrs
 
-__all__ = ["NodeRelaunch"]
+from dlrover_core.protocol.result import JobResult
+from dlrover_core.protocol.status import MasterStatus
+
+__all__ = [
+    "ENDPOINTS",
+    "Action",
+    "ActionAnswer",
+    "Cancel",
+    "CheckpointErrorReport",
+    "Endpoint",
+    "Exited",
+    "FailureReport",
+    "Heartbeat",
+    "HeartbeatAnswer",
+    "Join",
+    "Joined",
+    "NodeCheckReport",
+    "NodeCheckResult",
+    "NodeRelaunch",
+    "Poll",
+    "PollState",
+    "Register",
+    "Registered",
+    "RestoreDecision",
+    "RestorePlanRequest",
+    "RestoreVerify",
+    "RestoreVerifyAnswer",
+    "RoundAssignment",
+    "ShardAnswer",
+    "ShardReport",
+    "Succeeded",
+    "WorkerException",
+    "WorkerFailure",
+]
+
+
+class Action(str, enum.Enum):
+    """What the master tells an agent to do (the ``action`` of an answer)."""
+
+    #: carry on
+    NONE = "none"
+    #: stop your workers and join the next rendezvous round
+    RESTART = "restart"
+    #: the job is over for you (it ended, your node was excluded, or you were replaced): stop and exit
+    STOP = "stop"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class PollState(str, enum.Enum):
+    """Where a node stands in the rendezvous (the ``state`` of a :class:`RoundAssignment`)."""
+
+    #: the round is still forming: poll again
+    WAITING = "waiting"
+    #: the round formed: the assignment holds this node's place in it
+    READY = "ready"
+    #: the master does not know this node as waiting (it restarted, or the round's store is
+    #: gone): join again
+    REJOIN = "rejoin"
+    #: run a node check first: the assignment holds the check group (``check_round``...)
+    CHECK = "check"
+    #: the job is over for this node
+    STOP = "stop"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# ----- master → scheduler backend ----------------------------------------------------------
 
 
 @attrs.frozen(kw_only=True)
@@ -27,3 +124,554 @@ class NodeRelaunch:
     replaces: int | None = None
     reason: str = ""
     attempt: int = 0
+
+
+# ----- answers shared by several endpoints ----------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ActionAnswer:
+    """The master's answer to a report (``failure``, ``succeeded``, ``exited``,
+    ``node_check``, ``cancel``, ``checkpoint_error``).
+
+    Attributes:
+        action: what the agent is to do now.
+        fenced: the call came from a replaced agent: it changed nothing; stop and exit
+            without touching the node's workers, memory or files.
+    """
+
+    action: Action = Action.NONE
+    fenced: bool = False
+
+
+# ----- register, join, poll ---------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Register:
+    """An agent starts for a node (agent → master, ``/v1/register``).
+
+    Attributes:
+        node_id: the node's stable id (``--node-id``).
+        host: the agent's host name.
+        pid: the agent's process id on that host.
+        token: unused (an agent has no token before it registers); accepted for symmetry.
+    """
+
+    node_id: int
+    host: str = ""
+    pid: int = 0
+    token: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Registered:
+    """The answer to :class:`Register`.
+
+    Attributes:
+        action: ``stop`` when the job is over or the node was excluded, else ``none``.
+        job_id: the run's id.
+        token: the agent's fencing token (> 0): every later call of the agent carries it,
+            and its workers' shared-memory segments are named with it. A newer agent of the
+            same node gets a greater one, and from then on this agent is fenced.
+    """
+
+    action: Action = Action.NONE
+    job_id: str = ""
+    token: int = 0
+
+
+@attrs.frozen(kw_only=True)
+class Join:
+    """A node joins the next rendezvous round (agent → master, ``/v1/join``).
+
+    Attributes:
+        node_id: the node.
+        nproc: workers the node runs (its ranks in the round).
+        token: the agent's fencing token.
+    """
+
+    node_id: int
+    nproc: int
+    token: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Joined:
+    """The answer to :class:`Join`.
+
+    Attributes:
+        action: ``stop`` when the job is over for this node, else ``none``.
+        round: the index of the round the node waits for (``None`` with ``stop``).
+        fenced: the agent was replaced (see :class:`ActionAnswer`).
+    """
+
+    action: Action = Action.NONE
+    round: int | None = None
+    fenced: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class Poll:
+    """Has the round the node waits for formed? (agent → master, ``/v1/poll``; the master
+    may hold the answer while the round forms.)
+
+    Attributes:
+        node_id: the node.
+        token: the agent's fencing token.
+    """
+
+    node_id: int
+    token: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class RoundAssignment:
+    """The answer to :class:`Poll`: the round an agent and its workers start from.
+
+    With ``state`` ``ready`` the round fields say where the node's workers stand (they
+    become the workers' ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``...); with
+    ``check`` the check fields say which node-check group to run in; otherwise only
+    ``state`` and ``action`` mean anything.
+
+    Attributes:
+        state: waiting, ready, rejoin, check or stop.
+        action: ``stop`` with state ``stop``, else ``none``.
+        fenced: the agent was replaced (see :class:`ActionAnswer`).
+        round: the round's index.
+        node_rank: the node's rank among the round's nodes (by node id).
+        num_nodes: nodes in the round.
+        rank_offset: global rank of the node's first worker.
+        nproc: workers of this node.
+        world_size: workers in the round.
+        store_host: host of the round's TCPStore (fresh for every round).
+        store_port: its TCP port (for ``check``: the check round's store).
+        restart_count: restarts taken from the job-wide budget so far.
+        max_restarts: the budget (``Failure.max_restarts``).
+        check_round: the node check's round (0 or 1).
+        group: node ids of the check group, in rank order.
+        group_rank: this node's rank in the group.
+        group_size: nodes in the group.
+        prefix: the group's key prefix in the check store.
+        timeout_s: seconds the check may take.
+    """
+
+    state: PollState
+    action: Action = Action.NONE
+    fenced: bool = False
+    round: int = -1
+    node_rank: int = 0
+    num_nodes: int = 0
+    rank_offset: int = 0
+    nproc: int = 0
+    world_size: int = 0
+    store_host: str = ""
+    store_port: int = 0
+    restart_count: int = 0
+    max_restarts: int = 0
+    check_round: int = 0
+    group: tuple[int, ...] = ()
+    group_rank: int = 0
+    group_size: int = 0
+    prefix: str = ""
+    timeout_s: float = 0.0
+
+
+# ----- heartbeats and reports -------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Heartbeat:
+    """An agent's periodic report (agent → master, ``/v1/heartbeat``).
+
+    Attributes:
+        node_id: the node.
+        round: the round whose workers run (-1 between rounds).
+        workers: pid of every live worker, by global rank.
+        steps: newest step each local rank reported, by global rank (only ranks that did).
+        records: rank 0's new progress records, in order (``train.report`` steps,
+            checkpoint saves and restores, exceptions: JSON objects with a ``type``).
+        saves: steps each rank saved for storage since the last heartbeat, by global rank.
+        pid: the agent's process id (fences an agent without a token).
+        token: the agent's fencing token.
+    """
+
+    node_id: int
+    round: int = -1
+    workers: dict[int, int] = attrs.field(factory=dict)
+    steps: dict[int, int] = attrs.field(factory=dict)
+    records: tuple[dict[str, Any], ...] = ()
+    saves: dict[int, tuple[int, ...]] = attrs.field(factory=dict)
+    pid: int | None = None
+    token: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class HeartbeatAnswer:
+    """The answer to :class:`Heartbeat`.
+
+    Attributes:
+        action: ``restart`` when the node's round is over (another node failed, the
+            membership changed), ``stop`` when the job is over for it, else ``none``.
+        fenced: the agent was replaced (see :class:`ActionAnswer`).
+    """
+
+    action: Action = Action.NONE
+    fenced: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class WorkerException:
+    """The uncaught exception a worker recorded before it died (worker → agent, a
+    ``{"type": "exception", ...}`` line of its progress file; then inside a
+    :class:`WorkerFailure`).
+
+    Attributes:
+        exc_type: the exception's type (``ValueError``; ``pkg.mod.Error`` outside builtins).
+        message: ``str(exception)``, at most 1,000 characters.
+        step: the last step the worker reported or restored (-1: none).
+        before_first_step: the worker had not reported a step yet (``None`` from workers
+            that did not say; then ``step`` < 0 counts as before).
+        traceback: the end of the formatted traceback.
+    """
+
+    exc_type: str
+    message: str = ""
+    step: int = -1
+    before_first_step: bool | None = None
+    traceback: str = ""
+
+    def raised_before_first_step(self) -> bool:
+        """Whether it was raised before the worker's first step (at import or start-up)."""
+        if self.before_first_step is None:
+            return self.step < 0
+        return bool(self.before_first_step)
+
+
+@attrs.frozen(kw_only=True)
+class WorkerFailure:
+    """One failed worker, or a failed node (``rank`` ``None``), as reported to the master.
+
+    Attributes:
+        rank: global rank (``None``: the node itself failed, e.g. lost or evicted).
+        local_rank: rank on its node.
+        exit_code: process exit code; negative: killed by that signal (``None``: still
+            running, e.g. hung, or unknown).
+        kind: ``"exit"``, ``"signal"``, ``"exception"``, ``"hang"``, ``"node_lost"``, or a
+            scheduler's (``"evicted"``, ``"oom_killed"``...); ``""``: derive from the exit code.
+        detail: the failure in words, when the kind needs them (a hang's timeout and stack
+            file, a lost node's silence, an eviction's reason).
+        exception: the exception the worker recorded, if any.
+        silent_s: seconds without progress before the failure was seen (a hang's detection time).
+    """
+
+    rank: int | None = None
+    local_rank: int | None = None
+    exit_code: int | None = None
+    kind: str = ""
+    detail: str = ""
+    exception: WorkerException | None = None
+    silent_s: float = 0.0
+
+    @classmethod
+    def exited(cls, *, rank: int | None, local_rank: int | None, exit_code: int | None,
+               exception: WorkerException | None = None) -> WorkerFailure:
+        """A worker that exited (or died of a signal), with the exception it recorded, if any."""
+        kind = "exception" if exception is not None else (
+            "signal" if exit_code is not None and exit_code < 0 else "exit")
+        return cls(rank=rank, local_rank=local_rank, exit_code=exit_code, kind=kind, exception=exception)
+
+
+@attrs.frozen(kw_only=True)
+class FailureReport:
+    """Workers of a node failed, or the node did (agent or scheduler backend → master,
+    ``/v1/failure``).
+
+    Attributes:
+        node_id: the node.
+        round: the round they failed in.
+        failures: one per failed worker (or one with ``rank`` ``None`` for the node).
+        token: the agent's fencing token (``None`` from a scheduler backend).
+    """
+
+    node_id: int
+    round: int
+    failures: tuple[WorkerFailure, ...] = ()
+    token: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Succeeded:
+    """Every worker of the node exited 0 (agent → master, ``/v1/succeeded``).
+
+    Attributes:
+        node_id: the node.
+        round: the round they ran in.
+        token: the agent's fencing token.
+    """
+
+    node_id: int
+    round: int
+    token: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Exited:
+    """The agent exits (agent → master, ``/v1/exited``): the job ended for it, or it was
+    stopped (scaled down, preempted).
+
+    Attributes:
+        node_id: the node.
+        token: the agent's fencing token.
+    """
+
+    node_id: int
+    token: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class NodeCheckResult:
+    """One node's result of a node-check round (the node-check process → its agent, one JSON
+    line on stdout; then inside a :class:`NodeCheckReport`).
+
+    Attributes:
+        ok: the check passed (the matmul and, in a group, the all-reduce).
+        local_ok: the node's own part (the matmul) passed, whatever its partners did
+            (``None``: unknown, e.g. the check timed out).
+        elapsed_s: seconds the check took (``None`` when unknown).
+        matmul_tflops: measured matmul throughput (TFLOP/s).
+        allreduce_gbps: measured all-reduce bandwidth (GB/s).
+        error: why it failed ("" when ok).
+    """
+
+    ok: bool
+    local_ok: bool | None = None
+    elapsed_s: float | None = None
+    matmul_tflops: float | None = None
+    allreduce_gbps: float | None = None
+    error: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class NodeCheckReport:
+    """A node's result of a node-check round (agent → master, ``/v1/node_check``).
+
+    Attributes:
+        node_id: the node.
+        check_round: the check round it ran (:attr:`RoundAssignment.check_round`).
+        result: what the check found.
+        token: the agent's fencing token.
+    """
+
+    node_id: int
+    check_round: int
+    result: NodeCheckResult
+    token: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Cancel:
+    """Cancel the job (runner or scheduler backend → master, ``/v1/cancel``).
+
+    Attributes:
+        reason: why, in words (the job's reason; ``""`` counts as "cancelled by the user").
+    """
+
+    reason: str = "cancelled by the user"
+
+
+# ----- checkpoints ------------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class ShardReport:
+    """A rank's shard of a checkpoint step is durable in storage (the agent's saver, or a
+    worker saving without memory → master, ``/v1/checkpoint_shard``).
+
+    Attributes:
+        node_id: the node that wrote it.
+        rank: the rank whose shard it is.
+        step: the checkpoint step.
+        world_size: ranks that save the step (the round's world size).
+        round: the incarnation (rendezvous round) that took the snapshot.
+        file: the shard's file name in the step's directory.
+        crc32: CRC32 of the shard's data (``None``: not computed).
+        bytes: size of the shard's data (bytes).
+        persist_s: seconds the write took.
+        token: the writing agent's fencing token.
+    """
+
+    node_id: int
+    rank: int
+    step: int
+    world_size: int
+    round: int = 0
+    file: str = ""
+    crc32: int | None = None
+    bytes: int = 0
+    persist_s: float = 0.0
+    token: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class ShardAnswer:
+    """The answer to :class:`ShardReport`.
+
+    Attributes:
+        committed: the newest committed step (``None``: none yet).
+        stale: the shard belongs to an abandoned lineage (or a replaced agent): not recorded.
+        reason: why it is stale.
+        fenced: the writing agent was replaced (see :class:`ActionAnswer`).
+    """
+
+    committed: int | None = None
+    stale: bool = False
+    reason: str = ""
+    fenced: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class CheckpointErrorReport:
+    """Persisting a shard failed (the agent's saver or the agent → master,
+    ``/v1/checkpoint_error``).
+
+    Attributes:
+        node_id: the node.
+        rank: the rank whose shard failed (``None``: the node's final flush as a whole).
+        step: the step (``None``: unknown).
+        round: the incarnation that took the snapshot, when known.
+        error: what failed, in words (names the storage, the step and the error when fatal).
+        storage: the storage's URL.
+        fatal: the job must fail (a write stuck past ``checkpoint.persist_timeout_s``, or a
+            final checkpoint that is not durable); otherwise it is recorded and training goes on.
+        token: the agent's fencing token.
+    """
+
+    node_id: int
+    rank: int | None = None
+    step: int | None = None
+    round: int | None = None
+    error: str = ""
+    storage: str = ""
+    fatal: bool = False
+    token: int | None = None
+
+
+@attrs.frozen(kw_only=True)
+class RestorePlanRequest:
+    """What a rank holds in memory, to agree on a restore (worker → master,
+    ``/v1/restore_plan``; asked again while the answer is ``waiting``).
+
+    Attributes:
+        round: the rank's round.
+        rank: the rank.
+        world_size: ranks in the round.
+        memory: complete snapshots the rank holds, as ``(step, round that took it)``.
+        memory_steps: the same steps without rounds (from older workers; they count as round 0
+            when ``memory`` is empty).
+    """
+
+    round: int
+    rank: int
+    world_size: int
+    memory: tuple[tuple[int, int], ...] = ()
+    memory_steps: tuple[int, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
+class RestoreDecision:
+    """The answer to :class:`RestorePlanRequest`: where every rank restores from.
+
+    Attributes:
+        state: ``"waiting"`` (not every rank reported), ``"ready"`` or ``"failed"``.
+        source: with ``ready``: ``"memory"``, ``"storage"`` or ``"fresh"``.
+        step: the step to restore (``None``: a fresh start).
+        snapshot_round: with ``memory``: the round that took the snapshot to load.
+        reason: with ``failed``: why no restore is possible (every committed step is damaged).
+    """
+
+    state: str
+    source: str | None = None
+    step: int | None = None
+    snapshot_round: int | None = None
+    reason: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class RestoreVerify:
+    """A rank checked its shard of the storage step it is about to load (worker → master,
+    ``/v1/restore_verify``).
+
+    Attributes:
+        round: the rank's round.
+        rank: the rank.
+        world_size: ranks in the round.
+        step: the step it checked.
+        ok: the shard's header and CRC32 are intact.
+        error: what is wrong with it ("" when ok).
+    """
+
+    round: int
+    rank: int
+    world_size: int
+    step: int
+    ok: bool
+    error: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class RestoreVerifyAnswer:
+    """The answer to :class:`RestoreVerify`.
+
+    Attributes:
+        state: ``"waiting"`` (ask again), ``"ok"`` (every rank's shard is intact: load it),
+            ``"retry"`` (a shard of ``step`` was damaged: check ``step``, an older one,
+            next) or ``"failed"`` (no intact committed step is left).
+        step: with ``ok`` and ``retry``: the step.
+        reason: with ``retry`` and ``failed``: why.
+    """
+
+    state: str
+    step: int | None = None
+    reason: str = ""
+
+
+# ----- the endpoint table -------------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class Endpoint:
+    """One of the master's ``/v1/<name>`` endpoints.
+
+    Attributes:
+        name: the path's last part.
+        request: the class of the POSTed body (``None``: a GET without one).
+        answer: the class of the answer.
+        fenced: calls carry ``node_id`` and ``token``, and a replaced agent's are answered
+            with ``fenced`` and change nothing.
+    """
+
+    name: str
+    request: type | None
+    answer: type
+    fenced: bool = False
+
+
+#: Every endpoint of the master, by name.
+ENDPOINTS: dict[str, Endpoint] = {e.name: e for e in (
+    Endpoint(name="register", request=Register, answer=Registered),
+    Endpoint(name="join", request=Join, answer=Joined, fenced=True),
+    Endpoint(name="poll", request=Poll, answer=RoundAssignment, fenced=True),
+    Endpoint(name="heartbeat", request=Heartbeat, answer=HeartbeatAnswer, fenced=True),
+    Endpoint(name="failure", request=FailureReport, answer=ActionAnswer, fenced=True),
+    Endpoint(name="succeeded", request=Succeeded, answer=ActionAnswer, fenced=True),
+    Endpoint(name="exited", request=Exited, answer=ActionAnswer, fenced=True),
+    Endpoint(name="node_check", request=NodeCheckReport, answer=ActionAnswer, fenced=True),
+    Endpoint(name="cancel", request=Cancel, answer=ActionAnswer),
+    Endpoint(name="checkpoint_shard", request=ShardReport, answer=ShardAnswer, fenced=True),
+    Endpoint(name="checkpoint_error", request=CheckpointErrorReport, answer=ActionAnswer, fenced=True),
+    Endpoint(name="restore_plan", request=RestorePlanRequest, answer=RestoreDecision),
+    Endpoint(name="restore_verify", request=RestoreVerify, answer=RestoreVerifyAnswer),
+    Endpoint(name="status", request=None, answer=MasterStatus),
+    Endpoint(name="result", request=None, answer=JobResult),
+)}

@@ -1,6 +1,4 @@
-"""Scheduler backends: the base class and the plain data it exchanges; built-in ``local``."""
-
-from dlrover_core.protocol import JobState, JobStatus
-from dlrover_core.schedulers.base import Capabilities, JobHandle, Plan, ProcessSpec, SchedulerBackend
-
-__all__ = ["Capabilities", "JobHandle", "JobState", "JobStatus", "Plan", "ProcessSpec", "SchedulerBackend"]
+"""The built-in scheduler backends, each a plugin module registered like any other:
+``local`` (processes on this machine, :mod:`.local`) and ``docker`` (containers through the
+docker SDK, :mod:`.docker`). The interface they implement is
+:mod:`dlrover_core.scheduler_backend` (for plugin authors: :mod:`dlrover_core.backend`)."""

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import attrs
 import httpx
@@ -40,12 +40,20 @@ from dlrover_core.logging import get_logger
 from dlrover_core.markers import hookimpl
 from dlrover_core.plugins import get_host
 from dlrover_core.proctree import kill_trees
-from dlrover_core.protocol import JobResult, JobState, JobStatus
-from dlrover_core.schedulers.base import Capabilities, JobHandle, Plan, ProcessSpec, SchedulerBackend
+from dlrover_core.protocol import JobState, JobStatus, NodeRelaunch
+from dlrover_core.scheduler_backend import (
+    Capabilities,
+    JobHandle,
+    Plan,
+    ProcessSpec,
+    SchedulerBackend,
+    fetch_master_status,
+    status_of_result,
+)
 from dlrover_core.schedulers.logtail import tail_logs
 from dlrover_core.spec import JobSpec
 
-__all__ = ["LocalScheduler"]
+__all__ = ["LocalRequest", "LocalScheduler"]
 
 _MASTER_START_TIMEOUT_S = 60.0
 _MASTER_RESTARTS = 3
@@ -70,38 +78,48 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@attrs.frozen(kw_only=True)
+class LocalRequest:
+    """How ``submit`` finds the master it starts. The processes themselves are the plan's
+    ``processes`` (typed :class:`ProcessSpec`, the master first, then one agent per node):
+    ``submit`` starts the master, waits until it answers, then starts the agents.
+
+    Attributes:
+        master_addr: ``host:port`` the master is asked to listen on.
+        addr_file: where the master writes the address it really listens on (another port
+            when the planned one was taken meanwhile).
+    """
+
+    master_addr: str
+    addr_file: str
+
+
 class LocalScheduler(SchedulerBackend):
-    """Runs every node of a job as processes on this machine."""
+    """Runs every node of a job as processes on this machine. It has no options."""
 
     name = "local"
     capabilities = Capabilities(elastic=True, relaunch_node=True, follow_logs=True, multi_host=False,
-                                storage_on_submit_host=True)
+                                storage_on_submit_host=True, devices_on_submit_host=True)
+    request_type = LocalRequest
 
     def __init__(self) -> None:
         self._popens: dict[str, dict[str, subprocess.Popen]] = {}
 
     # ----- plan --------------------------------------------------------------------------
 
-    def dryrun(self, job: JobSpec) -> Plan:
-        self.check(job)
-        accelerator = get_host().create_accelerator(job.accelerator)
-        nproc = job.nodes.nproc_per_node
-        nproc = accelerator.default_nproc_per_node() if nproc == "auto" else int(nproc)
-        job = attrs.evolve(
-            job, accelerator=accelerator.name, nodes=attrs.evolve(job.nodes, nproc_per_node=nproc),
-            workdir=str(Path(job.workdir).resolve()), log_dir=str(Path(job.log_dir).resolve()),
-        )
-        job_id = f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-        log_dir = Path(job.log_dir) / job_id
+    def build_plan(self, job: JobSpec, *, job_id: str, log_dir: str, options: dict[str, Any]) -> Plan:
+        job, accelerator = self.resolve_accelerator(job, get_host())
+        nproc = int(job.nodes.nproc_per_node)
         port = _free_port()
         master_addr = f"127.0.0.1:{port}"
         python = sys.executable
+        addr_file = str(Path(log_dir) / "master_addr")
         base_env = {
             env.JOB_SPEC: json.dumps(job.to_dict(), separators=(",", ":")),
             env.JOB_ID: job_id,
-            env.LOG_DIR: str(log_dir),
+            env.LOG_DIR: log_dir,
             env.WATCH_PID: str(os.getpid()),
-            env.MASTER_ADDR_FILE: str(log_dir / "master_addr"),
+            env.MASTER_ADDR_FILE: addr_file,
             "PYTHONUNBUFFERED": "1",
         }
         if "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in job.env:
@@ -110,22 +128,23 @@ class LocalScheduler(SchedulerBackend):
         master = ProcessSpec(
             role="master", name="master",
             argv=(python, "-m", "dlrover_core.master", "--job-id", job_id, "--host", "127.0.0.1", "--port", str(port),
-                  "--store-host", "127.0.0.1", "--log-dir", str(log_dir)),
-            env=base_env, cwd=job.workdir, log_file=str(log_dir / "master.log"),
+                  "--store-host", "127.0.0.1", "--log-dir", log_dir),
+            env=base_env, cwd=job.workdir, log_file=str(Path(log_dir) / "master.log"),
         )
         agents = tuple(
             ProcessSpec(
                 role="agent", name=f"node-{i}",
                 argv=(python, "-m", "dlrover_core.agent", "--job-id", job_id, "--node-id", str(i),
-                      "--master-addr", master_addr, "--log-dir", str(log_dir)),
+                      "--master-addr", master_addr, "--log-dir", log_dir),
                 env={**base_env, env.ACCELERATOR: accelerator.name, env.MASTER_ADDR: master_addr},
-                cwd=job.workdir, log_file=str(log_dir / f"node_{i}.log"),
+                cwd=job.workdir, log_file=str(Path(log_dir) / f"node_{i}.log"),
             )
             for i in range(job.nodes.max)
         )
         workers = preview_workers(job, job_id=job_id, nproc=nproc, master_addr=master_addr, store_host="127.0.0.1",
-                                  accelerator=accelerator, log_dir=str(log_dir), python=python)
-        return Plan(scheduler=self.name, job_id=job_id, job=job, log_dir=str(log_dir),
+                                  accelerator=accelerator, log_dir=log_dir, python=python)
+        request = LocalRequest(master_addr=master_addr, addr_file=addr_file)
+        return Plan(scheduler=self.name, job_id=job_id, job=job, log_dir=log_dir, request=request,
                     processes=(master, *agents), workers=workers)
 
     # ----- side effects ------------------------------------------------------------------
@@ -142,25 +161,22 @@ class LocalScheduler(SchedulerBackend):
         self._popens.setdefault(job_id, {})[f"{spec.name}:{popen.pid}"] = popen
         return popen
 
-    def submit(self, plan: Plan) -> JobHandle:
-        log_dir = Path(plan.log_dir)
-        log_dir.mkdir(parents=True, exist_ok=True)
-        (log_dir / "plan.txt").write_text(str(plan) + "\n")
+    def execute(self, plan: Plan) -> JobHandle:
+        request: LocalRequest = plan.request
         master_spec = next(p for p in plan.processes if p.role == "master")
         agent_specs = [p for p in plan.processes if p.role == "agent"]
-        master_addr = agent_specs[0].env[env.MASTER_ADDR]
-        addr_file = Path(master_spec.env.get(env.MASTER_ADDR_FILE) or log_dir / "master_addr")
+        master_addr = request.master_addr
+        addr_file = Path(request.addr_file)
         master = self._start(plan.job_id, master_spec)
         deadline = time.monotonic() + _MASTER_START_TIMEOUT_S
         while True:
             try:  # the address the master listens on (another one if the planned port was taken)
                 master_addr = addr_file.read_text().strip() or master_addr
-                answer = httpx.get(f"http://{master_addr}/v1/status", timeout=1.0)
-                answer.raise_for_status()
-                if answer.json().get("job_id") == plan.job_id:
-                    break
-            except (httpx.HTTPError, OSError, ValueError):
+            except OSError:
                 pass
+            answer = fetch_master_status(master_addr, timeout_s=1.0)
+            if answer is not None and answer.job_id == plan.job_id:
+                break
             if master.poll() is not None or time.monotonic() > deadline:
                 kill_trees([master.pid], grace_s=1.0)
                 tail = Path(master_spec.log_file).read_text(errors="replace")[-2000:]
@@ -171,8 +187,8 @@ class LocalScheduler(SchedulerBackend):
             "job_id": plan.job_id, "master_addr": master_addr, "master_pid": master.pid, "agents": agents,
             "processes": [attrs.asdict(p) for p in plan.processes],
         }
-        (log_dir / "handle.json").write_text(json.dumps(handle_info, indent=2))
-        return JobHandle(scheduler=self.name, job_id=plan.job_id, log_dir=str(log_dir), native_id=str(master.pid))
+        (Path(plan.log_dir) / "handle.json").write_text(json.dumps(handle_info, indent=2))
+        return JobHandle(scheduler=self.name, job_id=plan.job_id, log_dir=plan.log_dir, native_id=str(master.pid))
 
     def _info(self, handle: JobHandle) -> dict:
         try:
@@ -241,23 +257,15 @@ class LocalScheduler(SchedulerBackend):
                                   "master_restart_due": None})
 
     def status(self, handle: JobHandle) -> JobStatus:
-        info = self._info(handle)
-        try:
-            s = httpx.get(f"http://{self._master_addr(handle, info)}/v1/status", timeout=2.0).json()
-            return JobStatus(
-                state=JobState(s["state"]), step=s["step"], metrics=s["metrics"], nodes=s["nodes"],
-                max_nodes=s["max_nodes"], restarts=s["restarts"], round=s["round"], message=s["message"],
-                worker_pids={int(r): int(pid) for n in s["node_table"] for r, pid in n["workers"].items()},
-                goodput=s.get("goodput", {}),
-            )
-        except (httpx.HTTPError, ValueError, KeyError):
-            result = self.result(handle)
-            if result is not None:
-                return JobStatus(state=result.state, step=result.final_step, metrics=result.metrics,
-                                 restarts=result.restarts, message=result.reason)
-            if self._finished(handle):
-                return JobStatus(state=JobState.FAILED, message="the job master exited without a result")
-            return JobStatus(state=JobState.UNKNOWN, message="the job master is not answering (restarting?)")
+        answer = fetch_master_status(self._master_addr(handle, self._info(handle)))
+        if answer is not None:
+            return answer.to_job_status()
+        result = self.result(handle)
+        if result is not None:
+            return status_of_result(result)
+        if self._finished(handle):
+            return JobStatus(state=JobState.FAILED, message="the job master exited without a result")
+        return JobStatus(state=JobState.UNKNOWN, message="the job master is not answering (restarting?)")
 
     def logs(self, handle: JobHandle, *, follow: bool = False) -> Iterator[str]:
         log_dir = Path(handle.log_dir)
@@ -287,9 +295,11 @@ class LocalScheduler(SchedulerBackend):
         # agents remove their node's segments when they exit; this catches a SIGKILLed agent
         remove_segments(f"dlrover-{handle.job_id}-")
 
-    def relaunch_node(self, handle: JobHandle, node_id: int) -> None:
-        """Start a new agent process for ``node_id`` (a node of the plan, or a new id: then
-        made like the plan's first agent)."""
+    def relaunch_node(self, handle: JobHandle, request: NodeRelaunch) -> None:
+        """Start a new agent process for ``request.node_id`` (a node of the plan, or a new id:
+        then made like the plan's first agent). Every node is on this machine, so where the
+        replaced node ran does not matter."""
+        node_id = request.node_id
         info = self._info(handle)
         agents = [p for p in info["processes"] if p["role"] == "agent"]
         spec_dict = next((p for p in agents if p["name"] == f"node-{node_id}"), None)
@@ -308,13 +318,6 @@ class LocalScheduler(SchedulerBackend):
         # handle.json is shared with the runner (cancel reads it): rewrite it atomically
         relaunched = {**self._info(handle).get("relaunched", {}), f"node-{node_id}:{popen.pid}": popen.pid}
         self._write_info(handle, {"relaunched": relaunched})
-
-    def result(self, handle: JobHandle) -> JobResult | None:
-        path = Path(handle.log_dir) / "result.json"
-        try:
-            return JobResult.from_dict(json.loads(path.read_text()))
-        except FileNotFoundError:
-            return None
 
 
 @hookimpl

@@ -15,6 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import structlog
+
+from dlrover_core import Job
+from dlrover_core.spec import Checkpoint
+from dlrover_core.testing.plugins import fresh_host
 
 __all__ = ["dlrover_host", "log_events", "make_job"]
 
@@ -31,8 +36,6 @@ train.report(0, loss=0.0)
 def dlrover_host() -> Any:
     """A fresh :class:`~dlrover_core.plugins.PluginHost` installed as the process-wide host for
     this test (built-ins, plus the kit's ``memory`` storage and ``recording`` scheduler)."""
-    from dlrover_core.testing.plugins import fresh_host
-
     with fresh_host() as host:
         yield host
 
@@ -43,11 +46,9 @@ def make_job(tmp_path) -> Any:
 
     Defaults: ``name="test-job"``, a one-step script as ``entrypoint``, ``accelerator="cpu"``,
     ``workdir``/``log_dir``/``checkpoint.dir`` under ``tmp_path``. Any Job field may be given;
-    names (scheduler, storage, optimizer...) are checked against the current plugin host.
+    the Job is validated (``Job.validate()``): names (scheduler, storage, optimizer...) and
+    ``scheduler_options`` are checked against the current plugin host.
     """
-    from dlrover_core import Job
-    from dlrover_core.spec import Checkpoint
-
     def make(**fields: Any) -> Job:
         script = tmp_path / "train.py"
         if not script.exists():
@@ -56,7 +57,7 @@ def make_job(tmp_path) -> Any:
             "name": "test-job", "entrypoint": str(script), "accelerator": "cpu", "workdir": str(tmp_path),
             "log_dir": str(tmp_path / "runs"), "checkpoint": Checkpoint(dir=str(tmp_path / "checkpoints")),
         }
-        return Job(**{**defaults, **fields})
+        return Job(**{**defaults, **fields}).validate()
 
     return make
 
@@ -65,7 +66,5 @@ def make_job(tmp_path) -> Any:
 def log_events() -> Any:
     """Structlog events logged during the test, each a dict with ``event`` and ``log_level``
     plus its key-value context: ``assert {"event": "plugin_import_failed", ...} in ...``."""
-    import structlog
-
     with structlog.testing.capture_logs() as events:
         yield events

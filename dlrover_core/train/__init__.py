@@ -14,7 +14,7 @@
         ckpt.save(step, {"model": model, "optimizer": opt})
 """
 
-from dlrover_core.checkpoint.checkpointer import Checkpointer, Restored
+from dlrover_core.train.checkpointer import Checkpointer, Restored
 from dlrover_core.train.context import WorkerInfo, worker_info
 from dlrover_core.train.prepare import prepare
 from dlrover_core.train.process_group import init

@@ -9,13 +9,13 @@ from __future__ import annotations
 import importlib
 import sys
 
+from dlrover_core.train.progress import install_excepthook
+
 
 def main() -> int:
     if len(sys.argv) < 2 or ":" not in sys.argv[1]:
         print("usage: python -m dlrover_core.train.call pkg.module:function [ARGS...]", file=sys.stderr)
         return 2
-    from dlrover_core.train.progress import install_excepthook
-
     install_excepthook()  # an exception at import of the module is recorded for the master too
     module_name, _, func_name = sys.argv[1].partition(":")
     sys.argv = sys.argv[1:]

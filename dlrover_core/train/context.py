@@ -10,6 +10,7 @@ from typing import Any
 import attrs
 
 from dlrover_core import env
+from dlrover_core.spec import JobSpec
 
 __all__ = ["WorkerInfo", "current_job", "worker_info"]
 
@@ -69,11 +70,9 @@ def worker_info() -> WorkerInfo:
 
 
 @functools.cache
-def current_job() -> Any:
+def current_job() -> JobSpec | None:
     """The :class:`~dlrover_core.spec.Job` this worker belongs to, or ``None`` outside dlrover."""
     raw = os.environ.get(env.JOB_SPEC)
     if not raw:
         return None
-    from dlrover_core.spec import JobSpec
-
     return JobSpec.from_dict(json.loads(raw))

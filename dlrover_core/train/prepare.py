@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from dlrover_core.parallel.context import ParallelContext, apply_strategies
+from dlrover_core.plugins import get_host
+from dlrover_core.spec import Optimizer, Parallel
+from dlrover_core.train import process_group
 from dlrover_core.train.context import current_job
 
 __all__ = ["prepare"]
@@ -34,11 +38,6 @@ def prepare(model: Any, *, parallel: Any = None, optimizer: Any = None, **optimi
         JobSpecError: a strategy cannot apply to this model or world (a mesh whose sizes'
             product is not the world size, a ``wrap_class`` no module has, ...).
     """
-    from dlrover_core.parallel.context import ParallelContext, apply_strategies
-    from dlrover_core.plugins import get_host
-    from dlrover_core.spec import Optimizer, Parallel
-    from dlrover_core.train import process_group
-
     info = process_group._info
     if info is None:
         raise RuntimeError("call dlrover_core.train.init() before prepare()")

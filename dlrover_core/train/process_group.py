@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
+import signal
 import threading
 import time
 
@@ -11,6 +13,7 @@ import attrs
 
 from dlrover_core import env
 from dlrover_core.logging import get_logger
+from dlrover_core.plugins import get_host
 from dlrover_core.train.context import WorkerInfo, current_job, worker_info
 from dlrover_core.train.progress import get_writer, install_excepthook
 
@@ -36,9 +39,6 @@ def _watch_parent(pid: int) -> None:
 def _register_stack_dump() -> None:
     """On SIGUSR1, write every thread's Python stack to ``DLROVER_STACK_FILE`` (the agent's
     fallback when py-spy is not installed)."""
-    import faulthandler
-    import signal
-
     path = os.environ.get("DLROVER_STACK_FILE")
     if path:
         faulthandler.register(signal.SIGUSR1, file=open(path, "a"), all_threads=True)
@@ -62,10 +62,8 @@ def init(*, timeout_s: float | None = None) -> WorkerInfo:
     global _info
     if _info is not None:
         return _info
-    import torch
-    import torch.distributed as dist
-
-    from dlrover_core.plugins import get_host
+    import torch  # heavy: imported when a worker joins its group, not by ``import dlrover_core.train``
+    import torch.distributed as dist  # heavy: torch
 
     info = worker_info()
     job = current_job()

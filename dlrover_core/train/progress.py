@@ -17,9 +17,12 @@ import os
 import sys
 import threading
 import time
+import traceback
 from typing import Any
 
 from dlrover_core.errors import CheckpointError
+from dlrover_core.protocol.codec import encode
+from dlrover_core.protocol.messages import WorkerException
 
 __all__ = ["ProgressWriter", "get_writer", "install_excepthook", "report"]
 
@@ -118,8 +121,6 @@ def install_excepthook() -> None:
     exception on every rank before the first step, or at the same step twice) from a
     transient failure. Installed once per process (later calls do nothing); warm workers
     install it before the entrypoint runs, so an exception at import is recorded too."""
-    import traceback
-
     global _hook_installed
     if _hook_installed:
         return
@@ -129,13 +130,12 @@ def install_excepthook() -> None:
     def hook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
         try:
             writer = get_writer()
-            writer.write({
-                "type": "exception", "exc_type": exc_type.__qualname__ if exc_type.__module__ == "builtins"
+            record = WorkerException(
+                exc_type=exc_type.__qualname__ if exc_type.__module__ == "builtins"
                 else f"{exc_type.__module__}.{exc_type.__qualname__}",
-                "message": str(exc)[:1000], "step": writer.last_step, "t": time.time(),
-                "before_first_step": writer.steps_reported == 0,
-                "traceback": "".join(traceback.format_exception(exc_type, exc, tb)[-40:]),
-            })
+                message=str(exc)[:1000], step=writer.last_step, before_first_step=writer.steps_reported == 0,
+                traceback="".join(traceback.format_exception(exc_type, exc, tb)[-40:]))
+            writer.write({"type": "exception", **encode(record), "t": time.time()})
         finally:
             previous(exc_type, exc, tb)
 

@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from dlrover_core.train.context import worker_info
+
 __all__ = ["ElasticSampler", "accumulation_steps"]
 
 
@@ -58,8 +60,6 @@ class ElasticSampler:
         if dataset_size < 1 or batch_size < 1:
             raise ValueError(f"dataset_size ({dataset_size}) and batch_size ({batch_size}) must be >= 1")
         if rank is None or world_size is None:
-            from dlrover_core.train.context import worker_info
-
             info = worker_info()
             rank = info.rank if rank is None else rank
             world_size = info.world_size if world_size is None else world_size
@@ -80,7 +80,7 @@ class ElasticSampler:
     def _permutation(self) -> list[int]:
         if self._order is None:
             if self.shuffle:
-                import torch
+                import torch  # heavy: only a shuffling sampler needs it
 
                 g = torch.Generator().manual_seed(self.seed + self.epoch)
                 self._order = torch.randperm(self.dataset_size, generator=g).tolist()
@@ -146,8 +146,6 @@ def accumulation_steps(global_batch_size: int, micro_batch_size: int, world_size
             (choose ``Nodes(node_unit=...)`` so every allowed world size divides it).
     """
     if world_size is None:
-        from dlrover_core.train.context import worker_info
-
         world_size = worker_info().world_size
     per_step = micro_batch_size * world_size
     if global_batch_size % per_step:

@@ -11,7 +11,7 @@ import torch
 
 import dlrover_plugin_example.hooks
 from dlrover_core import JobSpecError, Optimizer
-from dlrover_core.plugins import PluginHost
+from dlrover_core.backend import PluginHost
 from dlrover_core.testing import RecordingScheduler, register_plugin
 from dlrover_plugin_example import SignSGD
 

@@ -320,7 +320,7 @@ class AscendAccelerator(Accelerator):
             DeviceError: ``torch_npu`` cannot be imported, or the matmul gives non-finite values.
         """
         torch = _import_torch_npu("the node check")
-        import torch.distributed as dist
+        import torch.distributed as dist  # torch: heavy, workers only
 
         start = time.perf_counter()
         device = torch.device("npu", int(os.environ.get("LOCAL_RANK", "0")))

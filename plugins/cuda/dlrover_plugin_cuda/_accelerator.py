@@ -171,7 +171,7 @@ class CudaAccelerator(Accelerator):
         if not facts.count:
             return self._absent(f"0 devices visible (torch.cuda.device_count() is 0; {why})",
                                 runtime_version=facts.cuda)
-        import torch
+        import torch  # torch: heavy, workers only
 
         names = [torch.cuda.get_device_name(i) for i in range(facts.count)]
         foreign = [n for n in names if not is_nvidia_name(n)]
@@ -197,7 +197,7 @@ class CudaAccelerator(Accelerator):
 
     def device_for(self, local_rank: int) -> Any:
         """``torch.device("cuda", local_rank)``: the ``local_rank``-th visible GPU."""
-        import torch
+        import torch  # torch: heavy, workers only
 
         return torch.device("cuda", local_rank)
 
@@ -220,8 +220,8 @@ class CudaAccelerator(Accelerator):
         if not facts.available:
             raise DeviceError(f"the cuda node check needs a CUDA device; {facts.describe()} sees none"
                               + (f" ({facts.error})" if facts.error else ""))
-        import torch
-        import torch.distributed as dist
+        import torch  # torch: heavy, workers only
+        import torch.distributed as dist  # torch: heavy, workers only
 
         start = time.perf_counter()
         device = torch.device("cuda", torch.cuda.current_device())

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import attrs
 
-from dlrover_core.errors import DLRoverError
-from dlrover_core.spec import JobSpec
+from dlrover_core import DLRoverError, JobSpec
 from dlrover_plugin_k8s._scheduler import K8sScheduler
 
 

@@ -26,8 +26,8 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from dlrover_core.errors import SchedulerError
-from dlrover_core.logging import get_logger
+from dlrover_core import SchedulerError
+from dlrover_core.backend import get_logger
 from dlrover_plugin_k8s._config import K8sConfig
 
 __all__ = ["KubeApi", "K8sApiError", "TRANSIENT_STATUSES", "k8s_retrying"]

@@ -1,51 +1,72 @@
 """Settings of the k8s scheduler that are not part of a Job: image, namespace, pod resources.
 
-Every field has an environment variable, read by :meth:`K8sConfig.from_env` when the backend
-is built (``Job(scheduler="k8s")`` builds it with no arguments); tests and programs can pass
-a ``K8sConfig`` to :class:`~dlrover_plugin_k8s.K8sScheduler` instead.
+Each is a scheduler option, declared as data in :data:`OPTIONS` (``dlrover plugins list``
+shows them): ``Job(scheduler_options={"image": ..., "namespace": ...})`` sets it, and its
+``DLROVER_K8S_*`` environment variable is the fallback. A program or a test can also build the
+backend with a :class:`K8sConfig` (``K8sScheduler(K8sConfig(image=...))``): the Job's options
+still win over it, and the environment is then not read.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
+from typing import Any
 
 import attrs
 
-__all__ = ["ENV", "K8sConfig"]
+from dlrover_core.backend import SchedulerOption, resolve_options
 
-#: field name -> environment variable
-ENV: dict[str, str] = {
-    "image": "DLROVER_K8S_IMAGE",
-    "namespace": "DLROVER_K8S_NAMESPACE",
-    "image_pull_policy": "DLROVER_K8S_IMAGE_PULL_POLICY",
-    "image_pull_secrets": "DLROVER_K8S_IMAGE_PULL_SECRETS",
-    "workdir": "DLROVER_K8S_WORKDIR",
-    "python": "DLROVER_K8S_PYTHON",
-    "cpu_request": "DLROVER_K8S_CPU",
-    "memory_request": "DLROVER_K8S_MEMORY",
-    "memory_limit": "DLROVER_K8S_MEMORY_LIMIT",
-    "checkpoint_mb": "DLROVER_K8S_CHECKPOINT_MB",
-    "shm_size_mb": "DLROVER_K8S_SHM_SIZE_MB",
-    "checkpoint_pvc": "DLROVER_K8S_CHECKPOINT_PVC",
-    "log_root": "DLROVER_K8S_LOG_ROOT",
-    "master_port": "DLROVER_K8S_MASTER_PORT",
-    "kubeconfig": "DLROVER_K8S_KUBECONFIG",
-    "context": "DLROVER_K8S_CONTEXT",
-}
+__all__ = ["ENV", "OPTIONS", "K8sConfig"]
 
-_INT_FIELDS = ("checkpoint_mb", "shm_size_mb", "master_port")
-_TUPLE_FIELDS = ("image_pull_secrets",)
+#: The k8s scheduler's options, with their environment fallbacks.
+OPTIONS: tuple[SchedulerOption, ...] = (
+    SchedulerOption(name="image", type=str, default="", env="DLROVER_K8S_IMAGE",
+                    help="image of the master and worker pods: python, dlrover-core, dlrover-plugin-k8s, the "
+                         "accelerator's plugin and the job's code at workdir (required)"),
+    SchedulerOption(name="namespace", type=str, default="default", env="DLROVER_K8S_NAMESPACE",
+                    help="namespace of every object of the job"),
+    SchedulerOption(name="image_pull_policy", type=str, default="IfNotPresent", env="DLROVER_K8S_IMAGE_PULL_POLICY",
+                    help="IfNotPresent, Always or Never"),
+    SchedulerOption(name="image_pull_secrets", type=list, default=(), env="DLROVER_K8S_IMAGE_PULL_SECRETS",
+                    help="names of Secrets to pull the image with"),
+    SchedulerOption(name="workdir", type=str, default="/workspace", env="DLROVER_K8S_WORKDIR",
+                    help="the job's working directory inside the image"),
+    SchedulerOption(name="python", type=str, default="python", env="DLROVER_K8S_PYTHON",
+                    help="the interpreter in the image"),
+    SchedulerOption(name="cpu_request", type=str, default=None, env="DLROVER_K8S_CPU",
+                    help="CPU request of each worker pod (a quantity, e.g. 8)"),
+    SchedulerOption(name="memory_request", type=str, default=None, env="DLROVER_K8S_MEMORY",
+                    help="memory request of each worker pod (e.g. 64Gi; keep it above the /dev/shm size)"),
+    SchedulerOption(name="memory_limit", type=str, default=None, env="DLROVER_K8S_MEMORY_LIMIT",
+                    help="memory limit of each worker pod"),
+    SchedulerOption(name="checkpoint_mb", type=int, default=1024, env="DLROVER_K8S_CHECKPOINT_MB",
+                    help="one rank's checkpointed state in MiB, to size /dev/shm"),
+    SchedulerOption(name="shm_size_mb", type=int, default=None, env="DLROVER_K8S_SHM_SIZE_MB",
+                    help="explicit /dev/shm sizeLimit in MiB, overriding the rule"),
+    SchedulerOption(name="checkpoint_pvc", type=str, default=None, env="DLROVER_K8S_CHECKPOINT_PVC",
+                    help="a ReadWriteMany PersistentVolumeClaim mounted at the checkpoint directory of every pod"),
+    SchedulerOption(name="log_root", type=str, default="/var/log/dlrover", env="DLROVER_K8S_LOG_ROOT",
+                    help="where every pod keeps the job's logs (an emptyDir)"),
+    SchedulerOption(name="master_port", type=int, default=50001, env="DLROVER_K8S_MASTER_PORT",
+                    help="port of the master's HTTP API, in its pod and on its Service"),
+    SchedulerOption(name="kubeconfig", type=str, default=None, env="DLROVER_K8S_KUBECONFIG",
+                    help="kubeconfig outside a cluster (default: $KUBECONFIG or ~/.kube/config)"),
+    SchedulerOption(name="context", type=str, default=None, env="DLROVER_K8S_CONTEXT",
+                    help="kubeconfig context (default: the current one)"),
+)
+
+#: option (= K8sConfig field) name -> environment variable
+ENV: dict[str, str] = {o.name: str(o.env) for o in OPTIONS}
 
 
 @attrs.frozen(kw_only=True)
 class K8sConfig:
-    """Where and how the job's pods run.
+    """Where and how the job's pods run: the resolved :data:`OPTIONS` (same names).
 
     Attributes:
         image: container image of the master and worker pods: Python with dlrover-core,
             dlrover-plugin-k8s, the accelerator's plugin and the job's code at ``workdir``.
-            Required to render manifests (``$DLROVER_K8S_IMAGE``).
+            Required to render manifests.
         namespace: namespace of every object of the job.
         image_pull_policy: ``IfNotPresent``, ``Always`` or ``Never``.
         image_pull_secrets: names of Secrets to pull the image with.
@@ -88,22 +109,16 @@ class K8sConfig:
     context: str | None = None
 
     @classmethod
+    def from_options(cls, values: Mapping[str, Any]) -> K8sConfig:
+        """A config from resolved option values, by name."""
+        return cls(**{o.name: values[o.name] for o in OPTIONS if o.name in values})
+
+    @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> K8sConfig:
         """A config from the ``DLROVER_K8S_*`` variables (see :data:`ENV`); unset or empty
-        variables keep the defaults."""
-        environ = os.environ if environ is None else environ
-        values: dict[str, object] = {}
-        for field, var in ENV.items():
-            raw = environ.get(var, "").strip()
-            if not raw:
-                continue
-            if field in _INT_FIELDS:
-                try:
-                    values[field] = int(raw)
-                except ValueError:
-                    raise ValueError(f"{var}={raw!r}: expected a whole number") from None
-            elif field in _TUPLE_FIELDS:
-                values[field] = tuple(s.strip() for s in raw.split(",") if s.strip())
-            else:
-                values[field] = raw
-        return cls(**values)
+        variables keep the defaults.
+
+        Raises:
+            JobSpecError: a variable that does not parse (a ValueError naming it).
+        """
+        return cls.from_options({o.name: o.value for o in resolve_options(OPTIONS, {}, environ=environ)})

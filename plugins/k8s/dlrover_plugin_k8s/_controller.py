@@ -22,18 +22,30 @@ replacement node itself, through ``relaunch_node``), and after
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import signal
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from dlrover_core.errors import DLRoverError, SchedulerError
-from dlrover_core.logging import get_logger
-from dlrover_core.spec import JobSpec
+from dlrover_core import DLRoverError, JobSpec, SchedulerError
+from dlrover_core.backend import (
+    Action,
+    FailureReport,
+    MasterClient,
+    MasterStatus,
+    WorkerFailure,
+    configure_logging,
+    env,
+    get_logger,
+    rpc_retrying,
+)
 from dlrover_plugin_k8s._api import KubeApi
+from dlrover_plugin_k8s._config import K8sConfig
 from dlrover_plugin_k8s._manifests import ANNOTATION_DETAIL, ANNOTATION_KIND, ANNOTATION_REPLACES
 from dlrover_plugin_k8s._workers import (
     PodFailure,
@@ -51,40 +63,34 @@ log = get_logger()
 #: Prefix of the controller's last stdout line: the JobResult as compact JSON.
 RESULT_MARKER = "DLROVER_RESULT "
 
-_TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED")
-
-
 class MasterLink(Protocol):
     """What the controller asks the job master."""
 
-    def status(self) -> dict[str, Any] | None:
+    def status(self) -> MasterStatus | None:
         """The master's ``/v1/status`` answer, or ``None`` when it does not answer."""
 
-    def report_failure(self, node_id: int, round_index: int, failure: PodFailure) -> dict[str, Any] | None:
-        """Report a node's pod failure (``/v1/failure``); the master's answer or ``None``."""
+    def report_failure(self, node_id: int, round_index: int, failure: PodFailure) -> Action | None:
+        """Report a node's pod failure (``/v1/failure``); the master's action, or ``None``
+        when it does not answer."""
 
 
 class HttpMasterLink:
-    """:class:`MasterLink` over the master's HTTP API (``dlrover_core.protocol.client``)."""
+    """:class:`MasterLink` over the master's HTTP API (:class:`~dlrover_core.backend.MasterClient`)."""
 
     def __init__(self, addr: str) -> None:
-        from dlrover_core.protocol.client import MasterClient
-        from dlrover_core.retry import rpc_retrying
-
         self._client = MasterClient(addr, timeout_s=3.0, retrying=lambda: rpc_retrying(attempts=2, max_total_s=5.0))
 
-    def status(self) -> dict[str, Any] | None:
+    def status(self) -> MasterStatus | None:
         try:
-            return self._client.call("status")
+            return self._client.status()
         except DLRoverError:
             return None
 
-    def report_failure(self, node_id: int, round_index: int, failure: PodFailure) -> dict[str, Any] | None:
-        body = {"node_id": node_id, "round": round_index, "failures": [{
-            "rank": None, "local_rank": None, "exit_code": failure.exit_code, "kind": failure.kind,
-            "detail": failure.detail}]}
+    def report_failure(self, node_id: int, round_index: int, failure: PodFailure) -> Action | None:
+        report = FailureReport(node_id=node_id, round=round_index, failures=(WorkerFailure(
+            rank=None, local_rank=None, exit_code=failure.exit_code, kind=failure.kind, detail=failure.detail),))
         try:
-            return self._client.call("failure", body)
+            return self._client.failure(report).action
         except DLRoverError as exc:
             log.warning("failure_report_failed", node_id=node_id, error=str(exc))
             return None
@@ -144,13 +150,13 @@ class PodController:
             log.warning("worker_pod_failed", node_id=node_id, pod=name, kind=failure.kind, detail=failure.detail,
                         exit_code=failure.exit_code)
             answer = None
-            if status is not None and status.get("state") in _TERMINAL:
+            if status is not None and status.state.is_terminal:
                 out.append((node_id, failure, None))
-                log.info("worker_pod_not_relaunched", node_id=node_id, reason=f"the job is {status['state']}")
+                log.info("worker_pod_not_relaunched", node_id=node_id, reason=f"the job is {status.state.value}")
                 continue
-            if self.master is not None and status is not None and int(status.get("round", -1)) >= 0:
-                answer = self.master.report_failure(node_id, int(status["round"]), failure)
-            if answer is not None and answer.get("action") == "stop":
+            if self.master is not None and status is not None and status.round >= 0:
+                answer = self.master.report_failure(node_id, status.round, failure)
+            if answer == Action.STOP:
                 out.append((node_id, failure, None))
                 log.info("worker_pod_not_relaunched", node_id=node_id,
                          reason="the master stopped the node (excluded, or the job ended)")
@@ -189,13 +195,6 @@ def _print_result(path: Path) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m dlrover_plugin_k8s.controller``: run until the job has a result."""
-    import argparse
-    import os
-
-    from dlrover_core import env
-    from dlrover_core.logging import configure
-    from dlrover_plugin_k8s._config import K8sConfig
-
     parser = argparse.ArgumentParser(prog="python -m dlrover_plugin_k8s.controller")
     parser.add_argument("--job-id", required=True)
     parser.add_argument("--master-addr", required=True, help="host:port of the master's API (same pod)")
@@ -203,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poll-s", type=float, default=2.0, help="seconds between polls of the worker pods")
     parser.add_argument("--master-start-timeout-s", type=float, default=600.0)
     args = parser.parse_args(argv)
-    configure()
+    configure_logging()
     config = K8sConfig.from_env()
     namespace = os.environ.get("DLROVER_K8S_NAMESPACE") or config.namespace
     job = JobSpec.from_dict(json.loads(os.environ[env.JOB_SPEC]))

@@ -37,8 +37,8 @@ from typing import Any
 import attrs
 import yaml
 
-from dlrover_core import env
-from dlrover_core.spec import JobSpec
+from dlrover_core import JobSpec
+from dlrover_core.backend import env
 from dlrover_plugin_k8s._config import K8sConfig
 
 __all__ = [

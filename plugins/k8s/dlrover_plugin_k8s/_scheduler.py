@@ -6,7 +6,8 @@ What lives where, so that every method works from a new process given only a Job
 * in the cluster: every object, labelled ``dlrover.job-id``; the worker template in a
   ConfigMap; the result, printed by the controller as its last log line;
 * under the handle's ``log_dir`` on the submitting machine: ``plan.txt``,
-  ``manifests.yaml``, ``k8s.json`` (namespace and names), and, once known, ``result.json``
+  ``manifests.yaml``, ``k8s.json`` (namespace, names, and the kubeconfig and context the job
+  was submitted with), and, once known, ``result.json``
   and the pods' logs (``pods/*.log``, saved by ``cancel`` before it deletes the pods), or
   ``cancelled.json`` when a cancel found no result.
 
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import json
 import queue
-import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -25,30 +25,44 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import yaml
 
-from dlrover_core import env, hookimpl
-from dlrover_core.agent.launch import preview_workers
-from dlrover_core.errors import JobSpecError, SchedulerError
-from dlrover_core.logging import get_logger
-from dlrover_core.plugins import get_host
-from dlrover_core.protocol import JobResult, JobState, JobStatus
-from dlrover_core.schedulers.base import Capabilities, JobHandle, Plan, SchedulerBackend
-from dlrover_core.spec import JobSpec
-from dlrover_core.storage.posix import PosixStorage
+from dlrover_core import JobSpec, JobSpecError, SchedulerError, hookimpl
+from dlrover_core.backend import (
+    Capabilities,
+    JobHandle,
+    JobResult,
+    JobState,
+    JobStatus,
+    MasterStatus,
+    NodeRelaunch,
+    Plan,
+    PosixStorage,
+    SchedulerBackend,
+    env,
+    get_host,
+    get_logger,
+    preview_workers,
+    read_result,
+    status_of_result,
+    write_atomic,
+)
 from dlrover_plugin_k8s._api import TRANSIENT_STATUSES, K8sApiError, KubeApi
-from dlrover_plugin_k8s._config import ENV, K8sConfig
+from dlrover_plugin_k8s._config import ENV, OPTIONS, K8sConfig
 from dlrover_plugin_k8s._controller import RESULT_MARKER
 from dlrover_plugin_k8s._manifests import (
+    ANNOTATION_DETAIL,
+    ANNOTATION_KIND,
+    ANNOTATION_REPLACES,
     LABEL_JOB,
     MASTER_PORT_NAME,
+    Manifests,
     Names,
     dump_yaml,
     render,
 )
 from dlrover_plugin_k8s._workers import attempt_of, launch_worker, newest_by_node, node_of, worker_pods
 
-__all__ = ["K8sScheduler"]
+__all__ = ["K8sRequest", "K8sScheduler"]
 
 log = get_logger()
 
@@ -69,13 +83,22 @@ _WORKER_TEMPLATE_NOTE = (
 )
 
 
-def _state_from_master(s: dict[str, Any]) -> JobStatus:
-    return JobStatus(
-        state=JobState(s["state"]), step=s["step"], metrics=s["metrics"], nodes=s["nodes"],
-        max_nodes=s["max_nodes"], restarts=s["restarts"], round=s["round"], message=s["message"],
-        worker_pids={int(r): int(pid) for n in s.get("node_table", []) for r, pid in n["workers"].items()},
-        goodput=s.get("goodput", {}),
-    )
+@attrs.frozen(kw_only=True)
+class K8sRequest:
+    """What ``submit`` creates: the job's objects, as rendered, with the settings they were
+    rendered from.
+
+    Attributes:
+        config: the resolved options (namespace, image, and the cluster: kubeconfig, context).
+        manifests: every object of the job and the worker pod template.
+    """
+
+    config: K8sConfig
+    manifests: Manifests
+
+    @property
+    def namespace(self) -> str:
+        return self.config.namespace
 
 
 def _waiting_reason(pod: dict[str, Any]) -> str:
@@ -95,62 +118,92 @@ def _waiting_reason(pod: dict[str, Any]) -> str:
 class K8sScheduler(SchedulerBackend):
     """Runs a job's master in a pod that creates one worker pod per node and relaunches them.
 
+    Its options (:data:`~dlrover_plugin_k8s._config.OPTIONS`: image, namespace, resources...)
+    come from the Job's ``scheduler_options``, else from ``config``, else from the
+    ``DLROVER_K8S_*`` variables.
+
     Args:
-        config: image, namespace, resources (default: from ``DLROVER_K8S_*`` variables).
-        api: the API client (default: built from ``config`` on first use).
+        config: image, namespace, resources (default: from ``DLROVER_K8S_*`` variables); the
+            Job's ``scheduler_options`` win over it.
+        api: the API client (default: built from the config on first use).
         cancel_wait_s: how long ``cancel`` waits for the master's result after asking it to
             stop, and then for the pods to be gone (seconds, each).
     """
 
     name = "k8s"
     capabilities = Capabilities(elastic=True, relaunch_node=True, follow_logs=True, multi_host=True)
+    options = OPTIONS
+    request_type = K8sRequest
 
     def __init__(self, config: K8sConfig | None = None, *, api: KubeApi | None = None,
                  cancel_wait_s: float = 30.0) -> None:
+        self._configured = config
         self.config = config if config is not None else K8sConfig.from_env()
         self._api = api
+        self._apis: dict[tuple[str | None, str | None], KubeApi] = {}
+        self._job_apis: dict[str, KubeApi] = {}
         self.cancel_wait_s = cancel_wait_s
+
+    def configured_options(self) -> dict[str, Any]:
+        return attrs.asdict(self._configured, recurse=False) if self._configured is not None else {}
 
     @property
     def api(self) -> KubeApi:
+        """The API client of :attr:`config`'s cluster (or the one this backend was given)."""
         if self._api is None:
             self._api = KubeApi(self.config)
         return self._api
 
+    def _api_for(self, kubeconfig: str | None, context: str | None) -> KubeApi:
+        """The API client of the cluster a job was submitted to (an injected client serves all)."""
+        if self._api is not None or (kubeconfig, context) == (self.config.kubeconfig, self.config.context):
+            return self.api
+        key = (kubeconfig, context)
+        if key not in self._apis:
+            self._apis[key] = KubeApi(attrs.evolve(self.config, kubeconfig=kubeconfig, context=context))
+        return self._apis[key]
+
+    def _handle_api(self, handle: JobHandle) -> KubeApi:
+        """The API client of the cluster ``handle``'s job was submitted to (``k8s.json``)."""
+        if handle.job_id not in self._job_apis:
+            info = self._info(handle)
+            self._job_apis[handle.job_id] = (self._api_for(info.get("kubeconfig"), info.get("context"))
+                                             if "kubeconfig" in info or "context" in info else self.api)
+        return self._job_apis[handle.job_id]
+
     # ----- plan --------------------------------------------------------------------------
 
-    def dryrun(self, job: JobSpec) -> Plan:
+    def build_plan(self, job: JobSpec, *, job_id: str, log_dir: str, options: dict[str, Any]) -> Plan:
         """The job's manifests (``Plan.files``): ``manifests.yaml`` (everything ``kubectl
         apply -f`` needs), ``master-pod.yaml`` and ``worker-pod.yaml`` (the template the
-        master's controller makes every worker pod from). Pure: reads the environment,
-        calls nothing. Refuses (:class:`~dlrover_core.errors.JobSpecError`) a checkpoint
-        directory the pods would not share (see :meth:`_check_checkpoint_shared`)."""
-        self.check(job)
+        master's controller makes every worker pod from). Pure: calls nothing. Refuses
+        (:class:`~dlrover_core.errors.JobSpecError`) a checkpoint directory the pods would
+        not share (see :meth:`_check_checkpoint_shared`)."""
+        config = K8sConfig.from_options(options)
         if job.accelerator == "auto":
             raise JobSpecError("accelerator", "auto", "a named accelerator for scheduler 'k8s' (the pods' devices "
                                                       "cannot be probed from here), e.g. 'cuda' or 'cpu'")
-        if not self.config.image:
-            raise SchedulerError(f"no container image for the k8s scheduler: set {ENV['image']} to an image with "
-                                 f"python, dlrover-core, dlrover-plugin-k8s and the job's code at "
-                                 f"{self.config.workdir} ({ENV['workdir']})")
-        self._check_checkpoint_shared(job)
-        accelerator = get_host().registries.accelerator.get(job.accelerator)()  # no probe: the devices are remote
+        if not config.image:
+            raise SchedulerError(f"no container image for the k8s scheduler: set scheduler_options['image'] (or "
+                                 f"{ENV['image']}) to an image with python, dlrover-core, dlrover-plugin-k8s and the "
+                                 f"job's code at {config.workdir} (scheduler_options['workdir'])")
+        self._check_checkpoint_shared(job, config)
+        job, accelerator = self.resolve_accelerator(job, get_host())  # no probe: the devices are remote
         nproc = job.nodes.nproc_per_node
         if nproc == "auto" and getattr(accelerator, "k8s_resource", None):
             raise JobSpecError("nodes.nproc_per_node", "auto", f"a number for scheduler 'k8s': it is the count of "
                                                                f"{accelerator.k8s_resource} each worker pod requests")
-        job = attrs.evolve(job, workdir=str(Path(job.workdir).resolve()), log_dir=str(Path(job.log_dir).resolve()))
-        job_id = f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-        manifests = render(job, job_id=job_id, accelerator=accelerator, nproc=nproc, config=self.config)
+        manifests = render(job, job_id=job_id, accelerator=accelerator, nproc=nproc, config=config)
         files = {
             "manifests.yaml": dump_yaml(*manifests.objects()),
             "master-pod.yaml": dump_yaml(manifests.master_pod),
             "worker-pod.yaml": _WORKER_TEMPLATE_NOTE + dump_yaml(manifests.worker_template),
         }
-        return Plan(scheduler=self.name, job_id=job_id, job=job, log_dir=str(Path(job.log_dir) / job_id),
-                    files=files, workers=self._preview(job, job_id, accelerator, nproc, manifests.master_pod))
+        return Plan(scheduler=self.name, job_id=job_id, job=job, log_dir=log_dir,
+                    request=K8sRequest(config=config, manifests=manifests), files=files,
+                    workers=self._preview(job, job_id, accelerator, nproc, manifests.master_pod, config))
 
-    def _check_checkpoint_shared(self, job: JobSpec) -> None:
+    def _check_checkpoint_shared(self, job: JobSpec, config: K8sConfig) -> None:
         """Refuse a checkpoint directory that the pods would not share.
 
         A filesystem storage (``posix``, or one extending it) writes ``Checkpoint.dir`` inside
@@ -164,7 +217,7 @@ class K8sScheduler(SchedulerBackend):
             JobSpecError: ``checkpoint.dir`` would be on each pod's own disk; says what to set.
         """
         ckpt = job.checkpoint
-        if self.config.checkpoint_pvc or (ckpt.memory_every_steps == 0 and ckpt.persist_every_steps == 0):
+        if config.checkpoint_pvc or (ckpt.memory_every_steps == 0 and ckpt.persist_every_steps == 0):
             return
         storage = get_host().registries.storage.get(ckpt.storage)
         if not (isinstance(storage, type) and issubclass(storage, PosixStorage)):
@@ -173,38 +226,44 @@ class K8sScheduler(SchedulerBackend):
             "checkpoint.dir", ckpt.dir,
             f"a directory every pod shares: with scheduler 'k8s' and storage {ckpt.storage!r} it would be on each "
             f"pod's own disk, so the ranks persist to different disks and a relaunched pod has nothing to restore "
-            f"from. Set {ENV['checkpoint_pvc']}=<claim> (or K8sConfig(checkpoint_pvc=...)) to a ReadWriteMany "
+            f"from. Set scheduler_options['checkpoint_pvc'] (or {ENV['checkpoint_pvc']}) to a ReadWriteMany "
             f"PersistentVolumeClaim, mounted at the checkpoint directory in every pod; or use a checkpoint storage "
             f"every pod reaches (Checkpoint(storage=..., dir=<its URL>)); or, for a job that keeps no checkpoints, "
             f"Checkpoint(memory_every_steps=0, persist_every_steps=0)",
         )
 
-    def _preview(self, job: JobSpec, job_id: str, accelerator: Any, nproc: int | str, master_pod: dict) -> tuple:
+    def _preview(self, job: JobSpec, job_id: str, accelerator: Any, nproc: int | str, master_pod: dict,
+                 config: K8sConfig) -> tuple:
         """The first round's workers, as the agents will start them inside their pods."""
         if nproc == "auto":
             return ()
         nproc = int(nproc)
         names = Names(job_id)
-        pod_log_dir = f"{self.config.log_root}/{job_id}"
+        pod_log_dir = f"{config.log_root}/{job_id}"
         job_json = next(e["value"] for e in master_pod["spec"]["containers"][0]["env"] if e["name"] == env.JOB_SPEC)
         return preview_workers(
-            job, job_id=job_id, nproc=nproc, master_addr=names.master_addr(self.config.namespace, self.config.master_port),
-            store_host="<IP of the master pod>", accelerator=accelerator, log_dir=pod_log_dir, python=self.config.python,
-            cwd=self.config.workdir, extra_env={env.JOB_SPEC: job_json})
+            job, job_id=job_id, nproc=nproc, master_addr=names.master_addr(config.namespace, config.master_port),
+            store_host="<IP of the master pod>", accelerator=accelerator, log_dir=pod_log_dir, python=config.python,
+            cwd=config.workdir, extra_env={env.JOB_SPEC: job_json})
 
     # ----- where a job is ----------------------------------------------------------------
+
+    @staticmethod
+    def _info(handle: JobHandle) -> dict[str, Any]:
+        """``k8s.json`` under the handle's log_dir ({} where there is none, e.g. in the master pod)."""
+        try:
+            return json.loads((Path(handle.log_dir) / "k8s.json").read_text())
+        except (OSError, ValueError):
+            return {}
 
     def _namespace(self, handle: JobHandle) -> str:
         if "/" in handle.native_id:
             return handle.native_id.split("/", 1)[0]
-        try:
-            return json.loads((Path(handle.log_dir) / "k8s.json").read_text())["namespace"]
-        except (OSError, ValueError, KeyError):
-            return self.config.namespace
+        return self._info(handle).get("namespace") or self.config.namespace
 
     def _cached_result(self, handle: JobHandle) -> JobResult | None:
         try:
-            return JobResult.from_dict(json.loads((Path(handle.log_dir) / "result.json").read_text()))
+            return read_result(handle.log_dir)
         except (OSError, ValueError):
             return None
 
@@ -214,37 +273,36 @@ class K8sScheduler(SchedulerBackend):
         path = Path(handle.log_dir) / name
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(path.name + ".tmp")
-            tmp.write_bytes(data.encode() if isinstance(data, str) else data)
-            tmp.replace(path)
+            write_atomic(path, data)
         except OSError as exc:
             log.warning("k8s_save_failed", path=str(path), error=str(exc))
 
     # ----- side effects ------------------------------------------------------------------
 
-    def submit(self, plan: Plan) -> JobHandle:
+    def execute(self, plan: Plan) -> JobHandle:
         """Create the ServiceAccount, Role, RoleBinding, worker template, Service and master
-        pod of ``plan.files["manifests.yaml"]``, exactly as rendered. A failure removes what
-        was created and raises :class:`~dlrover_core.errors.SchedulerError`."""
-        objects = [o for o in yaml.safe_load_all(plan.files["manifests.yaml"]) if o]
-        namespace = objects[0]["metadata"]["namespace"]
+        pod of ``plan.request``, exactly as rendered, in the cluster of its kubeconfig and
+        context. A failure removes what was created and raises
+        :class:`~dlrover_core.errors.SchedulerError`."""
+        request: K8sRequest = plan.request
+        namespace, config = request.namespace, request.config
         names = Names(plan.job_id)
         log_dir = Path(plan.log_dir)
-        log_dir.mkdir(parents=True, exist_ok=True)
-        (log_dir / "plan.txt").write_text(str(plan) + "\n")
         (log_dir / "manifests.yaml").write_text(plan.files["manifests.yaml"])
         (log_dir / "k8s.json").write_text(json.dumps({
             "namespace": namespace, "master_pod": names.master_pod, "service": names.service,
-            "worker_template": names.template}, indent=2))
+            "worker_template": names.template, "kubeconfig": config.kubeconfig, "context": config.context},
+            indent=2))
+        api = self._api_for(config.kubeconfig, config.context)
         created: list[dict[str, Any]] = []
         try:
-            for obj in objects:
-                self._create(obj, plan.job_id)
+            for obj in request.manifests.objects():
+                self._create(api, obj, plan.job_id)
                 created.append(obj)
         except SchedulerError:
             for obj in reversed(created):
                 try:
-                    self.api.delete(obj["kind"], namespace, obj["metadata"]["name"])
+                    api.delete(obj["kind"], namespace, obj["metadata"]["name"])
                 except SchedulerError as exc:
                     log.warning("k8s_cleanup_failed", kind=obj["kind"], name=obj["metadata"]["name"], error=str(exc))
             raise
@@ -252,16 +310,17 @@ class K8sScheduler(SchedulerBackend):
         return JobHandle(scheduler=self.name, job_id=plan.job_id, log_dir=str(log_dir),
                          native_id=f"{namespace}/{names.master_pod}")
 
-    def _create(self, obj: dict[str, Any], job_id: str) -> None:
+    @staticmethod
+    def _create(api: KubeApi, obj: dict[str, Any], job_id: str) -> None:
         """Create ``obj``; one that already exists counts when it is this job's (a retried
         create whose first try got through)."""
         try:
-            self.api.create(obj)
+            api.create(obj)
         except K8sApiError as exc:
             if exc.status != 409:
                 raise
             meta = obj["metadata"]
-            existing = self.api.get(obj["kind"], meta["namespace"], meta["name"])
+            existing = api.get(obj["kind"], meta["namespace"], meta["name"])
             if existing is None or (existing["metadata"].get("labels") or {}).get(LABEL_JOB) != job_id:
                 raise
 
@@ -270,10 +329,10 @@ class K8sScheduler(SchedulerBackend):
         pods (``UNKNOWN`` when the API server cannot be reached)."""
         cached = self._cached_result(handle)
         if cached is not None:
-            return self._from_result(cached)
+            return status_of_result(cached)
         ns, names = self._namespace(handle), Names(handle.job_id)
         try:
-            master = self.api.get("Pod", ns, names.master_pod)
+            master = self._handle_api(handle).get("Pod", ns, names.master_pod)
             if master is None:
                 if (Path(handle.log_dir) / _CANCELLED_FILE).exists():
                     return JobStatus(state=JobState.CANCELLED, message="cancelled (the master's result could not "
@@ -286,14 +345,15 @@ class K8sScheduler(SchedulerBackend):
             if phase in ("Succeeded", "Failed"):
                 result = self.result(handle)
                 if result is not None:
-                    return self._from_result(result)
+                    return status_of_result(result)
                 return JobStatus(state=JobState.FAILED, message=f"the master pod {phase.lower()} without a result: "
                                                                 f"{_waiting_reason(master)}")
             try:
-                return _state_from_master(self.api.service_proxy(ns, names.service, MASTER_PORT_NAME, "v1/status"))
-            except Exception:  # the master is starting, or the proxy is not allowed: count pods
+                answer = self._handle_api(handle).service_proxy(ns, names.service, MASTER_PORT_NAME, "v1/status")
+                return MasterStatus.from_wire(answer).to_job_status()
+            except Exception:  # the master is starting, the proxy is not allowed, or no status: count pods
                 pass
-            pods = worker_pods(self.api, ns, handle.job_id)
+            pods = worker_pods(self._handle_api(handle), ns, handle.job_id)
         except K8sApiError as exc:
             if exc.status == 0 or exc.status in TRANSIENT_STATUSES:
                 return JobStatus(state=JobState.UNKNOWN, message=str(exc))
@@ -301,11 +361,6 @@ class K8sScheduler(SchedulerBackend):
         running = sum(1 for p in newest_by_node(pods).values() if (p.get("status") or {}).get("phase") == "Running")
         return JobStatus(state=JobState.RUNNING, nodes=running, message=f"{running} worker pods running (the "
                                                                         "master's API is not reachable from here)")
-
-    @staticmethod
-    def _from_result(result: JobResult) -> JobStatus:
-        return JobStatus(state=result.state, step=result.final_step, metrics=result.metrics,
-                         restarts=result.restarts, message=result.reason)
 
     def result(self, handle: JobHandle) -> JobResult | None:
         """The JobResult: cached under the handle's log_dir, or the last marked line of the
@@ -315,7 +370,7 @@ class K8sScheduler(SchedulerBackend):
             return cached
         ns, names = self._namespace(handle), Names(handle.job_id)
         try:
-            master = self.api.get("Pod", ns, names.master_pod)
+            master = self._handle_api(handle).get("Pod", ns, names.master_pod)
         except K8sApiError:
             return None
         if master is None:
@@ -326,7 +381,7 @@ class K8sScheduler(SchedulerBackend):
         if not done:
             return None
         try:
-            text = self.api.pod_log(ns, names.master_pod, "controller").decode(errors="replace")
+            text = self._handle_api(handle).pod_log(ns, names.master_pod, "controller").decode(errors="replace")
         except K8sApiError:
             return None
         lines = [line for line in text.splitlines() if line.startswith(RESULT_MARKER)]
@@ -342,7 +397,7 @@ class K8sScheduler(SchedulerBackend):
         """``(label, pod, container)`` of every container of the job, master first."""
         ns, names = self._namespace(handle), Names(handle.job_id)
         out = [("master", names.master_pod, "master"), ("controller", names.master_pod, "controller")]
-        for pod in worker_pods(self.api, ns, handle.job_id):
+        for pod in worker_pods(self._handle_api(handle), ns, handle.job_id):
             attempt = attempt_of(pod)
             label = f"node-{node_of(pod)}" + (f" attempt {attempt}" if attempt else "")
             out.append((label, pod["metadata"]["name"], "agent"))
@@ -353,13 +408,13 @@ class K8sScheduler(SchedulerBackend):
         once the pods are gone, the logs ``cancel`` saved. With ``follow``, every container
         is streamed (new worker pods too) until the job ends."""
         ns = self._namespace(handle)
-        if self.api.get("Pod", ns, Names(handle.job_id).master_pod) is None:
+        if self._handle_api(handle).get("Pod", ns, Names(handle.job_id).master_pod) is None:
             yield from self._saved_logs(handle)
             return
         if not follow:
             for label, pod, container in self._sources(handle):
                 try:
-                    data = self.api.pod_log(ns, pod, container)
+                    data = self._handle_api(handle).pod_log(ns, pod, container)
                 except K8sApiError:  # not started yet, or gone
                     continue
                 for line in data.decode(errors="replace").splitlines():
@@ -382,7 +437,7 @@ class K8sScheduler(SchedulerBackend):
             while not stop.is_set():
                 partial = b""
                 try:
-                    for chunk in self.api.follow_pod_log(ns, pod, container):
+                    for chunk in self._handle_api(handle).follow_pod_log(ns, pod, container):
                         parts = (partial + chunk).split(b"\n")
                         partial = parts.pop()
                         for part in parts:
@@ -435,7 +490,7 @@ class K8sScheduler(SchedulerBackend):
         if self._cached_result(handle) is not None:
             return True
         try:
-            master = self.api.get("Pod", ns, Names(handle.job_id).master_pod)
+            master = self._handle_api(handle).get("Pod", ns, Names(handle.job_id).master_pod)
         except SchedulerError:
             return False
         return master is None or (master.get("status") or {}).get("phase") in ("Succeeded", "Failed")
@@ -448,11 +503,11 @@ class K8sScheduler(SchedulerBackend):
         (``cancel_wait_s``) until its pods are gone. Idempotent."""
         ns, names = self._namespace(handle), Names(handle.job_id)
         labels = {LABEL_JOB: handle.job_id}
-        master = self.api.get("Pod", ns, names.master_pod)
+        master = self._handle_api(handle).get("Pod", ns, names.master_pod)
         if master is not None and self._cached_result(handle) is None:
             if (master.get("status") or {}).get("phase") == "Running":
                 try:
-                    self.api.service_proxy(ns, names.service, MASTER_PORT_NAME, "v1/cancel", post=True)
+                    self._handle_api(handle).service_proxy(ns, names.service, MASTER_PORT_NAME, "v1/cancel", post=True)
                     deadline = time.monotonic() + self.cancel_wait_s
                     while self.result(handle) is None and time.monotonic() < deadline:
                         time.sleep(1.0)
@@ -464,11 +519,11 @@ class K8sScheduler(SchedulerBackend):
             self._save_logs(handle, ns)
         deleted = 0
         for kind in _DELETE_ORDER:
-            for obj in self.api.list(kind, ns, labels):
-                deleted += self.api.delete(kind, ns, obj["metadata"]["name"])
+            for obj in self._handle_api(handle).list(kind, ns, labels):
+                deleted += self._handle_api(handle).delete(kind, ns, obj["metadata"]["name"])
         deadline = time.monotonic() + self.cancel_wait_s
         while True:
-            left = self.api.list("Pod", ns, labels)
+            left = self._handle_api(handle).list("Pod", ns, labels)
             if not left:
                 break
             if time.monotonic() > deadline:
@@ -477,7 +532,7 @@ class K8sScheduler(SchedulerBackend):
                 break
             for pod in left:  # e.g. a relaunch that raced the master's deletion
                 if not pod["metadata"].get("deletionTimestamp"):
-                    self.api.delete("Pod", ns, pod["metadata"]["name"])
+                    self._handle_api(handle).delete("Pod", ns, pod["metadata"]["name"])
             time.sleep(0.5)
         if deleted:
             log.info("k8s_job_deleted", job_id=handle.job_id, namespace=ns, objects=deleted)
@@ -491,18 +546,25 @@ class K8sScheduler(SchedulerBackend):
             return
         for label, pod, container in sources:
             try:
-                data = self.api.pod_log(ns, pod, container, tail_lines=_SAVED_LOG_LINES)
+                data = self._handle_api(handle).pod_log(ns, pod, container, tail_lines=_SAVED_LOG_LINES)
             except SchedulerError:
                 continue
             self._save(handle, f"pods/{label.replace(' ', '_')}.log", data)
 
-    def relaunch_node(self, handle: JobHandle, node_id: int) -> None:
-        """Create the next attempt of ``node_id``'s worker pod, deleting the node's pods
-        that are still pending or running (the master declared the node lost). Called by
-        the master from inside its pod (service account) or anywhere with a kubeconfig."""
-        ns = self._namespace(handle)
-        name = launch_worker(self.api, ns, handle.job_id, node_id, replace_live=True)
-        log.info("node_relaunched", node_id=node_id, pod=name)
+    def relaunch_node(self, handle: JobHandle, request: NodeRelaunch) -> None:
+        """Create the next attempt of ``request.node_id``'s worker pod, deleting the node's pods
+        that are still pending or running (the master declared the node lost); the new pod is
+        annotated with the request's reason and the pod it replaces (the newest of
+        ``request.replaces``). Called by the master from inside its pod (service account) or
+        anywhere with a kubeconfig."""
+        ns, api = self._namespace(handle), self._handle_api(handle)
+        annotations = {ANNOTATION_KIND: "relaunch", ANNOTATION_DETAIL: (request.reason or "relaunched by the master")[:1000]}
+        if request.replaces is not None:
+            replaced = newest_by_node(worker_pods(api, ns, handle.job_id, request.replaces)).get(request.replaces)
+            if replaced is not None:
+                annotations[ANNOTATION_REPLACES] = replaced["metadata"]["name"]
+        name = launch_worker(api, ns, handle.job_id, request.node_id, replace_live=True, annotations=annotations)
+        log.info("node_relaunched", node_id=request.node_id, replaces=request.replaces, pod=name)
 
 
 @hookimpl

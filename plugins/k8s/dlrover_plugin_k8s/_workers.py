@@ -12,8 +12,8 @@ from typing import Any
 import attrs
 import yaml
 
-from dlrover_core.errors import SchedulerError
-from dlrover_core.logging import get_logger
+from dlrover_core import SchedulerError
+from dlrover_core.backend import get_logger
 from dlrover_plugin_k8s._api import K8sApiError, KubeApi
 from dlrover_plugin_k8s._manifests import (
     LABEL_ATTEMPT,

@@ -84,7 +84,8 @@ def test_a_checkpoint_dir_without_a_claim_is_refused_with_the_fix(tmp_path, monk
         K8sScheduler(K8sConfig(image=IMAGE)).dryrun(_job(tmp_path, checkpoint=Checkpoint(dir="/ckpt/run1")))
     err = info.value
     assert err.field == "checkpoint.dir" and err.value == "/ckpt/run1"
-    assert "each pod's own disk" in str(err) and "DLROVER_K8S_CHECKPOINT_PVC=<claim>" in str(err)
+    assert "each pod's own disk" in str(err) and "scheduler_options['checkpoint_pvc']" in str(err)
+    assert "DLROVER_K8S_CHECKPOINT_PVC" in str(err)
     assert "ReadWriteMany PersistentVolumeClaim" in str(err)
     monkeypatch.setenv("DLROVER_K8S_IMAGE", IMAGE)
     with pytest.raises(JobSpecError, match="DLROVER_K8S_CHECKPOINT_PVC"):

@@ -14,8 +14,8 @@ from k8s_emulator import IMAGE, NAMESPACE
 
 from dlrover_core import Job
 from dlrover_core.errors import SchedulerError
-from dlrover_core.protocol import JobResult, JobState
-from dlrover_core.schedulers.base import JobHandle
+from dlrover_core.protocol import Action, JobResult, JobState, MasterStatus, NodeRelaunch
+from dlrover_core.scheduler_backend import JobHandle
 from dlrover_core.spec import Failure
 from dlrover_plugin_k8s import RESULT_MARKER, K8sApiError, K8sConfig, K8sScheduler, PodController
 from dlrover_plugin_k8s._manifests import ANNOTATION_DETAIL, ANNOTATION_KIND, ANNOTATION_REPLACES, Names
@@ -35,15 +35,15 @@ class FakeMaster:
     """The job master as the controller sees it: a status, and failure reports recorded."""
 
     def __init__(self, state: str = "RUNNING", round_index: int = 0, action: str = "restart") -> None:
-        self.state, self.round, self.action = state, round_index, action
+        self.state, self.round, self.action = state, round_index, Action(action)
         self.reports: list[tuple[int, int, str, str]] = []
 
-    def status(self):
-        return {"state": self.state, "round": self.round}
+    def status(self) -> MasterStatus:
+        return MasterStatus.from_wire({"state": self.state, "round": self.round})
 
-    def report_failure(self, node_id, round_index, failure):
+    def report_failure(self, node_id, round_index, failure) -> Action:
         self.reports.append((node_id, round_index, failure.kind, failure.detail))
-        return {"action": self.action}
+        return self.action
 
 
 def _result(job_id: str, **kw) -> JobResult:
@@ -194,8 +194,9 @@ def test_relaunches_stop_at_the_budget(cluster, backend, tmp_path):
 
 def test_relaunch_node_replaces_a_lost_node_from_the_masters_environment(cluster, config, tmp_path, monkeypatch):
     """The master calls relaunch_node from its own process with a bare handle (no native
-    id; namespace and API from the pod's environment): the node's live pod is deleted and its
-    next attempt created; a new node id gets attempt 0."""
+    id; namespace and API from the pod's environment) and a NodeRelaunch: the node's live pod
+    is deleted and its next attempt created, annotated with the reason; a new node id that
+    replaces an excluded node gets attempt 0, annotated with the pod it replaces."""
     backend = K8sScheduler(config)
     plan, handle = _submitted(backend, tmp_path)
     _controller(backend, plan, handle).ensure_workers()
@@ -206,11 +207,13 @@ def test_relaunch_node_replaces_a_lost_node_from_the_masters_environment(cluster
 
     relaunch = _relauncher(plan.job, handle.job_id, tmp_path / "pod-log-dir")
     names = Names(handle.job_id)
-    relaunch(1)
+    relaunch(NodeRelaunch(node_id=1, replaces=1, reason="node 1 lost its heartbeat", attempt=0))
     pods = cluster.pods(dlrover_role="worker")
     assert names.worker_pod(1, 0) not in pods and names.worker_pod(1, 1) in pods
-    relaunch(2)
-    assert names.worker_pod(2, 0) in cluster.pods(dlrover_role="worker")
+    assert pods[names.worker_pod(1, 1)]["metadata"]["annotations"][ANNOTATION_DETAIL] == "node 1 lost its heartbeat"
+    relaunch(NodeRelaunch(node_id=2, replaces=0, reason="node 0 excluded: straggler"))
+    new = cluster.pods(dlrover_role="worker")[names.worker_pod(2, 0)]
+    assert new["metadata"]["annotations"][ANNOTATION_REPLACES] == names.worker_pod(0, 0)
 
 
 def test_status_from_the_master_then_from_pods_then_gone(cluster, backend, tmp_path):
@@ -230,9 +233,10 @@ def test_status_from_the_master_then_from_pods_then_gone(cluster, backend, tmp_p
     assert (st.state, st.nodes) == (JobState.RUNNING, 1)
     cluster.server[f"get /api/v1/namespaces/{NAMESPACE}/services/{names.service}:http/proxy/v1/status"] << {
         "state": "RUNNING", "step": 42, "metrics": {"loss": 1.5}, "nodes": 2, "max_nodes": 2, "restarts": 1,
-        "round": 1, "message": "", "node_table": [{"workers": {"0": 7}}], "goodput": {"goodput": 0.9}}
+        "round": 1, "message": "", "node_table": [{"node_id": 0, "workers": {"0": 7}}], "goodput": {"goodput": 0.9}}
     st = backend.status(handle)
     assert (st.state, st.step, st.nodes, st.restarts, st.metrics) == (JobState.RUNNING, 42, 2, 1, {"loss": 1.5})
+    assert st.worker_pids == {0: 7}  # MasterStatus.to_job_status: the pids the agents reported
     cluster.core.delete_namespaced_pod(names.master_pod, NAMESPACE)
     st = backend.status(handle)
     assert st.state == JobState.FAILED and "gone" in st.message

@@ -13,7 +13,7 @@ import pytest
 from k8s_emulator import IMAGE, NAMESPACE
 
 from dlrover_core import Job
-from dlrover_core.schedulers.base import JobHandle
+from dlrover_core.scheduler_backend import JobHandle
 from dlrover_plugin_k8s import K8sConfig, K8sScheduler, Names, PodController
 
 ROOT = Path(__file__).resolve().parents[3]

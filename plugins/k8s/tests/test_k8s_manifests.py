@@ -17,6 +17,7 @@ from dlrover_core.accelerators.base import Accelerator, DeviceReport
 from dlrover_core.errors import JobSpecError, SchedulerError
 from dlrover_core.master.failures import describe
 from dlrover_core.plugins import get_host, reset_host
+from dlrover_core.protocol import WorkerFailure
 from dlrover_core.spec import Checkpoint, Nodes
 from dlrover_plugin_k8s import K8sConfig, K8sScheduler, classify, shm_size_mb, worker_pod
 
@@ -273,5 +274,5 @@ def test_classify_failed_evicted_and_oom_killed_pods():
 
 def test_the_master_describes_a_scheduler_classified_failure():
     """The master's failure record keeps the classification's detail (core ``describe``)."""
-    assert describe({"kind": "evicted", "detail": "pod evicted: low memory"}) == "evicted (pod evicted: low memory)"
-    assert describe({"kind": "exit", "exit_code": 3}) == "exit code 3"
+    assert describe(WorkerFailure(kind="evicted", detail="pod evicted: low memory")) == "evicted (pod evicted: low memory)"
+    assert describe(WorkerFailure(kind="exit", exit_code=3)) == "exit code 3"

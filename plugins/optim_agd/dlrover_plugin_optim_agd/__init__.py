@@ -20,7 +20,7 @@ __all__ = ["AGD", "__version__", "agd", "dlrover_register_optimizers"]
 
 def __getattr__(name: str) -> Any:
     if name == "AGD":
-        from dlrover_plugin_optim_agd._agd import AGD
+        from dlrover_plugin_optim_agd._agd import AGD  # subclasses torch.optim.Optimizer: torch is heavy
 
         return AGD
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

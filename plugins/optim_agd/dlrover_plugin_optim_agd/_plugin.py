@@ -16,7 +16,7 @@ __all__ = ["agd", "dlrover_register_optimizers"]
 def agd(params: Any, **kwargs: Any) -> Any:
     """:class:`~dlrover_plugin_optim_agd.AGD` over ``params`` with ``kwargs`` as its options
     (``Job(optimizer=Optimizer("agd", lr=3e-4))``; JSON lists are accepted for ``betas``)."""
-    from dlrover_plugin_optim_agd._agd import AGD
+    from dlrover_plugin_optim_agd._agd import AGD  # subclasses torch.optim.Optimizer: torch is heavy
 
     return AGD(params, **kwargs)
 

@@ -332,7 +332,7 @@ class PpuAccelerator(Accelerator):
 
     def device_for(self, local_rank: int) -> Any:
         """``torch.device("cuda", local_rank)``: PPUs are CUDA devices to PyTorch."""
-        import torch
+        import torch  # torch: heavy, workers only
 
         return torch.device("cuda", local_rank)
 
@@ -345,7 +345,7 @@ class PpuAccelerator(Accelerator):
             DeviceError: torch.cuda is not available here, or a result is wrong (a matmul
                 with non-finite values, an all-reduce with the wrong sum).
         """
-        import torch
+        import torch  # torch: heavy, workers only
 
         start = time.perf_counter()
         if not torch.cuda.is_available():
@@ -362,7 +362,7 @@ class PpuAccelerator(Accelerator):
 
 def _synchronizer(device: Any) -> Callable[[], None]:
     """Wait for queued device work (a no-op on cpu, where work is synchronous)."""
-    import torch
+    import torch  # torch: heavy, workers only
 
     if device.type == "cuda":
         return lambda: torch.cuda.synchronize(device)
@@ -376,7 +376,7 @@ def time_matmul(device: Any, *, n: int, reps: int, dtype: Any) -> float:
     Raises:
         DeviceError: the product has non-finite values (a broken device computes garbage).
     """
-    import torch
+    import torch  # torch: heavy, workers only
 
     sync = _synchronizer(device)
     a = torch.randn(n, n, device=device, dtype=dtype)
@@ -401,8 +401,8 @@ def time_allreduce(group: Any, device: Any, *, numel: int, reps: int) -> float:
     Raises:
         DeviceError: the warm-up's sum of ones is not the group size.
     """
-    import torch
-    import torch.distributed as dist
+    import torch  # torch: heavy, workers only
+    import torch.distributed as dist  # torch: heavy, workers only
 
     sync = _synchronizer(device)
     world = dist.get_world_size(group)

@@ -20,10 +20,8 @@ from collections.abc import Callable, Sequence
 
 import attrs
 
-from dlrover_core.errors import SchedulerError, TransientError
-from dlrover_core.logging import get_logger
-from dlrover_core.protocol import JobState
-from dlrover_core.retry import rpc_retrying
+from dlrover_core import JobState, SchedulerError, TransientError
+from dlrover_core.backend import get_logger, rpc_retrying
 
 __all__ = [
     "SLURM_JOB_STATES",
@@ -94,15 +92,16 @@ TRANSIENT_MARKERS: tuple[str, ...] = (
 _UNKNOWN_JOB_MARKERS = ("invalid job id specified", "invalid job id", "no such job")
 
 
-def slurm_env(base: dict[str, str] | None = None) -> dict[str, str]:
+def slurm_env(base: dict[str, str] | None = None, *, unset: Sequence[str] = ()) -> dict[str, str]:
     """``base`` (default ``os.environ``) without the variables Slurm sets *inside* a job
     (``SLURM_JOB_ID``, ``SLURM_NTASKS``, ``SRUN_CPUS_PER_TASK``...), which srun and sbatch
-    would read as options; ``SLURM_CONF`` (which cluster) and the user's ``SBATCH_*`` options
-    (partition, account, time limit) stay. Commands then behave the same from a login shell,
+    would read as options, and without ``unset``; ``SLURM_CONF`` (which cluster) and the
+    user's other ``SBATCH_*`` options stay. Commands then behave the same from a login shell,
     from another job, and from the job master inside the allocation."""
     env = dict(os.environ if base is None else base)
     for key in list(env):
-        if key.startswith(("SLURM_", "SRUN_", "SALLOC_")) and key not in ("SLURM_CONF", "SLURM_CLUSTERS"):
+        if key in unset or (key.startswith(("SLURM_", "SRUN_", "SALLOC_")) and key not in ("SLURM_CONF",
+                                                                                          "SLURM_CLUSTERS")):
             del env[key]
     return env
 
@@ -255,8 +254,8 @@ class SlurmCli:
         return rpc_retrying(attempts=self._attempts, max_total_s=self._max_total_s, initial_wait_s=0.5,
                             max_wait_s=10.0, sleep=self._sleep)
 
-    def __call__(self, argv: Sequence[str], *, input: str | None = None) -> str:
-        """Run ``argv``; return its stdout.
+    def __call__(self, argv: Sequence[str], *, input: str | None = None, unset: Sequence[str] = ()) -> str:
+        """Run ``argv`` (without the variables ``unset``); return its stdout.
 
         Raises:
             SchedulerError: the command is missing, or failed for good (Slurm's message kept),
@@ -265,13 +264,13 @@ class SlurmCli:
         try:
             for attempt in self.retrying():
                 with attempt:
-                    return self.once(list(argv), input=input)
+                    return self.once(list(argv), input=input, unset=unset)
         except TransientError as exc:
             raise SchedulerError(f"`{' '.join(argv)}` kept failing ({self._attempts} tries): {exc}") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def once(self, argv: Sequence[str], *, input: str | None = None) -> str:
-        """Run ``argv`` once; return its stdout.
+    def once(self, argv: Sequence[str], *, input: str | None = None, unset: Sequence[str] = ()) -> str:
+        """Run ``argv`` once (without the variables ``unset``); return its stdout.
 
         Raises:
             TransientError: a failure worth retrying (see :data:`TRANSIENT_MARKERS`), or a timeout.
@@ -280,7 +279,7 @@ class SlurmCli:
         argv = list(argv)
         try:
             proc = self._run(argv, input=input, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
-                             env=slurm_env())
+                             env=slurm_env(unset=unset))
         except FileNotFoundError:
             raise SchedulerError(f"the Slurm command {argv[0]!r} is not on PATH; install Slurm's client tools "
                                  "(Debian: slurm-client) on this machine") from None

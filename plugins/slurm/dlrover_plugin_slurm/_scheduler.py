@@ -13,7 +13,7 @@ run's log directory, which must be on a filesystem every node and the submitting
     slurm/relaunch_node_<i>.log  srun's own messages      run_<n>/         a requeued run's leftovers
 
 So ``status``, ``logs``, ``cancel``, ``result`` and ``relaunch_node`` work from any process given a
-:class:`~dlrover_core.schedulers.base.JobHandle` — the master calls ``relaunch_node`` from inside
+:class:`~dlrover_core.scheduler_backend.JobHandle` — the master calls ``relaunch_node`` from inside
 the allocation.
 """
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import secrets
 import subprocess
 import sys
 import threading
@@ -32,22 +31,32 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import httpx
 
-from dlrover_core import env, hookimpl
-from dlrover_core.checkpoint.shm import remove_segments
-from dlrover_core.errors import JobSpecError, SchedulerError, TransientError
-from dlrover_core.fileio import write_atomic
-from dlrover_core.logging import get_logger
-from dlrover_core.plugins import get_host
-from dlrover_core.protocol import JobResult, JobState, JobStatus
-from dlrover_core.schedulers.base import Capabilities, JobHandle, Plan, SchedulerBackend
-from dlrover_core.schedulers.logtail import tail_logs
-from dlrover_core.spec import JobSpec
+from dlrover_core import JobSpec, JobSpecError, SchedulerError, TransientError, hookimpl
+from dlrover_core.backend import (
+    Capabilities,
+    JobHandle,
+    JobResult,
+    JobState,
+    JobStatus,
+    NodeRelaunch,
+    Plan,
+    SchedulerBackend,
+    SchedulerOption,
+    env,
+    fetch_master_status,
+    get_host,
+    get_logger,
+    read_result,
+    remove_segments,
+    status_of_result,
+    tail_logs,
+    write_atomic,
+)
 from dlrover_plugin_slurm._commands import SlurmCli, SlurmJob, slurm_env
 from dlrover_plugin_slurm._script import node_task_argv, render_sbatch
 
-__all__ = ["SlurmScheduler"]
+__all__ = ["OPTIONS", "SbatchRequest", "SlurmScheduler"]
 
 log = get_logger()
 
@@ -67,8 +76,47 @@ FOLLOW_STATE_S = 1.0
 _ALREADY_DONE = ("already completing or completed", "invalid job id specified")
 
 
+#: The slurm scheduler's options (``Job(scheduler_options=...)``). The ``SBATCH_*`` fallbacks are
+#: sbatch's own input variables: an option set either way becomes an ``#SBATCH`` line of the
+#: script, and its variable is then removed from sbatch's environment (it would override the line).
+OPTIONS = (
+    SchedulerOption(name="partition", type=str, default=None, env="SBATCH_PARTITION",
+                    help="the partition (sbatch --partition)"),
+    SchedulerOption(name="account", type=str, default=None, env="SBATCH_ACCOUNT",
+                    help="the account charged (sbatch --account)"),
+    SchedulerOption(name="qos", type=str, default=None, env="SBATCH_QOS",
+                    help="the quality of service (sbatch --qos)"),
+    SchedulerOption(name="time", type=str, default=None, env="SBATCH_TIMELIMIT",
+                    help="the time limit, e.g. 4:00:00 (sbatch --time); near it the job saves and requeues"),
+    SchedulerOption(name="python", type=str, default=sys.executable,
+                    help="the interpreter every node runs (the same path on every node)"),
+)
+#: Options that are sbatch's own, in the order of their #SBATCH lines.
+_SBATCH_OPTIONS = ("partition", "account", "qos", "time")
+
+
 def _write_atomic(path: Path, text: str) -> None:
     write_atomic(path, text)
+
+
+@attrs.frozen(kw_only=True)
+class SbatchRequest:
+    """What ``submit`` hands to Slurm.
+
+    Attributes:
+        script: the batch script (``job.sbatch``).
+        script_path: where ``submit`` writes it (in the run directory: every node reads it there).
+        argv: the sbatch command line.
+        unset_env: variables removed from sbatch's environment (the ``SBATCH_*`` of the options
+            the script sets: they would override its lines).
+        python: the interpreter every node runs.
+    """
+
+    script: str
+    script_path: str
+    argv: tuple[str, ...]
+    unset_env: tuple[str, ...] = ()
+    python: str
 
 
 class SlurmScheduler(SchedulerBackend):
@@ -80,6 +128,8 @@ class SlurmScheduler(SchedulerBackend):
 
     name = "slurm"
     capabilities = Capabilities(elastic=True, relaunch_node=True, follow_logs=True, multi_host=True)
+    options = OPTIONS
+    request_type = SbatchRequest
 
     def __init__(self, cli: SlurmCli | None = None) -> None:
         self._cli = cli or SlurmCli()
@@ -87,14 +137,11 @@ class SlurmScheduler(SchedulerBackend):
 
     # ----- plan --------------------------------------------------------------------------
 
-    def _gres(self, job: JobSpec) -> str | None:
+    def _gres(self, job: JobSpec, accelerator: Any) -> str | None:
         """``--gres`` for the job's accelerator (``gpu:8``), from its ``slurm_gres``; none for
         cpu or ``"auto"`` (probed on each node; name the accelerator to request devices). The
         submitting machine is not probed: it need not have the devices."""
-        if job.accelerator == "auto":
-            return None
-        accelerator = get_host().registries.accelerator.get(job.accelerator)()
-        gres = accelerator.slurm_gres
+        gres = getattr(accelerator, "slurm_gres", None) if accelerator is not None else None
         if not gres:
             return None
         nproc = job.nodes.nproc_per_node
@@ -103,37 +150,46 @@ class SlurmScheduler(SchedulerBackend):
                                                               f"{job.accelerator!r}: it is the count in --gres={gres}:N")
         return f"{gres}:{int(nproc)}"
 
-    def dryrun(self, job: JobSpec) -> Plan:
-        self.check(job)
-        job = attrs.evolve(job, workdir=str(Path(job.workdir).resolve()), log_dir=str(Path(job.log_dir).resolve()))
-        gres = self._gres(job)
-        job_id = f"{job.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-        log_dir = Path(job.log_dir) / job_id
-        script = render_sbatch(job, job_id=job_id, log_dir=str(log_dir), python=sys.executable, gres=gres)
-        return Plan(scheduler=self.name, job_id=job_id, job=job, log_dir=str(log_dir), files={"job.sbatch": script})
+    def build_plan(self, job: JobSpec, *, job_id: str, log_dir: str, options: dict[str, Any]) -> Plan:
+        job, accelerator = self.resolve_accelerator(job, get_host())  # no probe: the devices are on the nodes
+        gres = self._gres(job, accelerator)
+        sbatch_options = {name: options[name] for name in _SBATCH_OPTIONS if options[name]}
+        for name, value in sbatch_options.items():
+            if any(c.isspace() or c in "'\"" for c in value):
+                raise JobSpecError(f"scheduler_options[{name!r}]", value, "a value without spaces or quotes (sbatch "
+                                                                          "reads #SBATCH lines word by word)")
+        python = options["python"]
+        script = render_sbatch(job, job_id=job_id, log_dir=log_dir, python=python, gres=gres,
+                               sbatch_options=sbatch_options)
+        script_path = str(Path(log_dir) / "job.sbatch")
+        unset = tuple(str(o.env) for o in OPTIONS if o.name in sbatch_options and o.env)
+        request = SbatchRequest(script=script, script_path=script_path, argv=("sbatch", "--parsable", script_path),
+                                unset_env=unset, python=python)
+        return Plan(scheduler=self.name, job_id=job_id, job=job, log_dir=log_dir, request=request,
+                    files={"job.sbatch": script})
 
     # ----- submit ------------------------------------------------------------------------
 
-    def submit(self, plan: Plan) -> JobHandle:
+    def execute(self, plan: Plan) -> JobHandle:
+        request: SbatchRequest = plan.request
         log_dir = Path(plan.log_dir)
         (log_dir / "slurm").mkdir(parents=True, exist_ok=True)
-        (log_dir / "plan.txt").write_text(str(plan) + "\n")
-        script = log_dir / "job.sbatch"
-        script.write_text(plan.files["job.sbatch"])
-        native_id = self._sbatch(plan.job_id, script)
+        Path(request.script_path).write_text(request.script)
+        native_id = self._sbatch(plan.job_id, request)
         info = {
-            "job_id": plan.job_id, "native_id": native_id, "python": sys.executable, "workdir": plan.job.workdir,
+            "job_id": plan.job_id, "native_id": native_id, "python": request.python, "workdir": plan.job.workdir,
             "elastic": plan.job.nodes.min != plan.job.nodes.max,
             "env": {env.JOB_ID: plan.job_id, env.LOG_DIR: str(log_dir), "PYTHONUNBUFFERED": "1",
                     env.JOB_SPEC: json.dumps(plan.job.to_dict(), separators=(",", ":"), sort_keys=True)},
         }
         _write_atomic(log_dir / "slurm" / "submit.json", json.dumps(info, indent=2))
-        log.info("slurm_job_submitted", job_id=plan.job_id, native_id=native_id, script=str(script))
+        log.info("slurm_job_submitted", job_id=plan.job_id, native_id=native_id, script=request.script_path)
         return JobHandle(scheduler=self.name, job_id=plan.job_id, log_dir=str(log_dir), native_id=native_id)
 
-    def _sbatch(self, job_id: str, script: Path) -> str:
-        """``sbatch --parsable`` with bounded retries. sbatch may have queued the job although
-        its answer was lost (a timeout): before each retry, look for the job by its name."""
+    def _sbatch(self, job_id: str, request: SbatchRequest) -> str:
+        """``request.argv`` (``sbatch --parsable``) with bounded retries. sbatch may have queued
+        the job although its answer was lost (a timeout): before each retry, look for the job
+        by its name."""
         first = True
         try:
             for attempt in self._cli.retrying():
@@ -143,7 +199,7 @@ class SlurmScheduler(SchedulerBackend):
                         if found:
                             return found[0]
                     first = False
-                    out = self._cli.once(["sbatch", "--parsable", str(script)])
+                    out = self._cli.once(list(request.argv), unset=request.unset_env)
                     native_id = out.strip().split(";")[0]
                     if not native_id.isdigit():
                         raise SchedulerError(f"sbatch answered {out.strip()!r}, not a job id")
@@ -179,13 +235,13 @@ class SlurmScheduler(SchedulerBackend):
         Slurm has it pending again, or running since after the file was written), or a
         CANCELLED one while Slurm still runs the job (a master stopped by the SIGTERM of a
         requeue or preemption writes that; after a real cancel Slurm soon says CANCELLED)."""
-        path = Path(handle.log_dir) / "result.json"
         try:
-            text = path.read_text()
-            mtime = path.stat().st_mtime
+            mtime = (Path(handle.log_dir) / "result.json").stat().st_mtime
         except FileNotFoundError:
             return None
-        result = JobResult.from_dict(json.loads(text))
+        result = read_result(handle.log_dir)
+        if result is None:
+            return None
         if job is not None and not job.state.is_terminal and job.state != JobState.UNKNOWN:
             if job.state == JobState.PENDING or result.state == JobState.CANCELLED:
                 return None
@@ -219,16 +275,8 @@ class SlurmScheduler(SchedulerBackend):
             addr = (Path(handle.log_dir) / "slurm" / "master_addr").read_text().strip()
         except FileNotFoundError:
             return None
-        try:
-            s = httpx.get(f"http://{addr}/v1/status", timeout=2.0).json()
-            return JobStatus(
-                state=JobState(s["state"]), step=s["step"], metrics=s["metrics"], nodes=s["nodes"],
-                max_nodes=s["max_nodes"], restarts=s["restarts"], round=s["round"], message=s["message"],
-                worker_pids={int(r): int(pid) for n in s["node_table"] for r, pid in n["workers"].items()},
-                goodput=s.get("goodput", {}),
-            )
-        except (httpx.HTTPError, ValueError, KeyError, TypeError):
-            return None
+        answer = fetch_master_status(addr)
+        return answer.to_job_status() if answer is not None else None
 
     def status(self, handle: JobHandle) -> JobStatus:
         native = self._native_id(handle)
@@ -237,13 +285,11 @@ class SlurmScheduler(SchedulerBackend):
         except SchedulerError as exc:
             result = self._current_result(handle, None)
             if result is not None:
-                return JobStatus(state=result.state, step=result.final_step, metrics=result.metrics,
-                                 restarts=result.restarts, message=result.reason)
+                return status_of_result(result)
             return JobStatus(state=JobState.UNKNOWN, message=f"Slurm did not answer: {exc}")
         result = self._current_result(handle, job)
         if result is not None:
-            return JobStatus(state=result.state, step=result.final_step, metrics=result.metrics,
-                             restarts=result.restarts, message=result.reason)
+            return status_of_result(result)
         if job is None:
             return JobStatus(state=JobState.UNKNOWN, message=f"Slurm knows no job {native} (neither squeue nor sacct)")
         if job.state == JobState.RUNNING:
@@ -335,33 +381,18 @@ class SlurmScheduler(SchedulerBackend):
         except FileNotFoundError:
             return {}
 
-    @staticmethod
-    def _replaced(handle: JobHandle, node_id: int) -> int | None:
-        """The node that ``node_id`` replaces, from the master's ``node_relaunched`` event."""
-        replaces = None
-        try:
-            with open(Path(handle.log_dir) / "events.jsonl") as f:
-                for line in f:
-                    try:
-                        event = json.loads(line)
-                    except ValueError:
-                        continue
-                    if event.get("kind") == "node_relaunched" and event.get("node_id") == node_id:
-                        replaces = event.get("replaces")
-        except FileNotFoundError:
-            pass
-        return replaces
+    def relaunch_node(self, handle: JobHandle, request: NodeRelaunch) -> None:
+        """Start an agent for ``request.node_id`` as a new ``srun`` step of the job.
 
-    def relaunch_node(self, handle: JobHandle, node_id: int) -> None:
-        """Start node ``node_id``'s agent again as a new ``srun`` step of the job.
-
-        Where: on the Slurm node it ran on, if Slurm still finds that node fit and the master
-        did not exclude it (a new ``node_id`` replacing an excluded node): the agent died, the
-        node did not. Otherwise on a fit node of the allocation (``--exclude`` the failed one),
-        the least used first. With no fit node left, a job with a fixed node count is requeued
-        (it resumes from its latest checkpoint on a new allocation); an elastic one goes on
-        with fewer nodes (this raises :class:`SchedulerError`).
+        Where: when the node is replaced in place (``request.replaces`` is its own id), on the
+        Slurm node it ran on if Slurm still finds that node fit: the agent died, the node did
+        not. When it replaces another node (``request.replaces``: an excluded node), or its own
+        Slurm node is not fit, on a fit node of the allocation other than the replaced node's
+        (``--exclude``), the least used first. With no fit node left, a job with a fixed node
+        count is requeued (it resumes from its latest checkpoint on a new allocation); an
+        elastic one goes on with fewer nodes (this raises :class:`SchedulerError`).
         """
+        node_id = request.node_id
         native = self._native_id(handle)
         info = self._info(handle)
         job = self._slurm_job(handle, fresh=True)
@@ -372,11 +403,10 @@ class SlurmScheduler(SchedulerBackend):
         mapping = self._node_map(handle)
         for index, host in enumerate(hosts):  # the first step's node ids follow the allocation's order
             mapping.setdefault(index, host)
-        replaces = self._replaced(handle, node_id)
-        failed_id = replaces if replaces is not None else node_id
+        failed_id = request.replaces if request.replaces is not None else node_id
         failed_host = mapping.get(failed_id)
         fit = self._cli.node_fitness(hosts)
-        if failed_host is not None and fit.get(failed_host) and replaces is None:
+        if failed_host is not None and fit.get(failed_host) and failed_id == node_id:
             target = failed_host
         else:
             candidates = [h for h in hosts if fit.get(h) and h != failed_host]

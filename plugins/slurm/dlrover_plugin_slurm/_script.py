@@ -24,9 +24,8 @@ import json
 import shlex
 from collections.abc import Sequence
 
-from dlrover_core import env
-from dlrover_core.errors import JobSpecError
-from dlrover_core.spec import JobSpec
+from dlrover_core import JobSpec, JobSpecError
+from dlrover_core.backend import env
 
 __all__ = ["MASTER_RESTARTS", "WARN_S", "agent_argv", "node_task_argv", "render_sbatch"]
 
@@ -71,6 +70,7 @@ def render_sbatch(
     log_dir: str,
     python: str,
     gres: str | None,
+    sbatch_options: dict[str, str] | None = None,
     extra_env: dict[str, str] | None = None,
 ) -> str:
     """The complete sbatch script for ``job`` (already resolved: absolute workdir and log_dir).
@@ -80,6 +80,8 @@ def render_sbatch(
         log_dir: the run's log directory (on a filesystem every node shares).
         python: the interpreter every node runs (same path on every node).
         gres: ``--gres`` value (``"gpu:8"``), or ``None`` for none.
+        sbatch_options: more ``#SBATCH --<name>=<value>`` lines (partition, account, time...),
+            after the node and device requests.
         extra_env: more variables exported to the master and agents.
     """
     nodes = job.nodes
@@ -93,6 +95,7 @@ def render_sbatch(
     ]
     if gres:
         sbatch.append(f"--gres={gres}")
+    sbatch += [f"--{name}={value}" for name, value in (sbatch_options or {}).items()]
     sbatch += [
         f"--chdir={job.workdir}",
         f"--output={log_dir}/slurm.out",

@@ -41,6 +41,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+import psutil
+
+from dlrover_core.backend import SHM_DIR, get_logger
+from dlrover_plugin_slurm._script import agent_argv
+
 __all__ = ["main", "remove_node_segments", "run_agent"]
 
 #: prctl(2) option that makes this process the reaper of its orphaned descendants.
@@ -89,8 +94,6 @@ def _wait_for(pid: int) -> int:
 def _kill_and_reap_leftovers(timeout_s: float) -> list[int]:
     """SIGKILL every process still below this one (the dead agent's tree) and reap them;
     return their pids. Gives up reaping after ``timeout_s``."""
-    import psutil
-
     try:
         leftovers = psutil.Process().children(recursive=True)
     except psutil.Error:
@@ -137,8 +140,6 @@ def _in_use(shm_dir: Path, prefix: str) -> set[str]:
 def remove_node_segments(job_id: str, node_id: str) -> tuple[list[str], list[str]]:
     """Remove the segments of node ``node_id`` of job ``job_id`` on this machine that no live
     process holds; return ``(removed, kept because in use)``."""
-    from dlrover_core.checkpoint.shm import SHM_DIR
-
     prefix = f"dlrover-{job_id}-n{node_id}-"
     try:
         names = sorted(n for n in os.listdir(SHM_DIR) if n.startswith(prefix))
@@ -181,8 +182,6 @@ def run_agent(argv: Sequence[str], *, job_id: str, node_id: str) -> int:
     if not os.WIFSIGNALED(status):
         return code  # the agent ended by itself and removed its segments (its own incarnation's only)
 
-    from dlrover_core.logging import get_logger
-
     removed, in_use = remove_node_segments(job_id, node_id)
     get_logger().warning(
         "slurm_node_segments_removed", job_id=job_id, node_id=int(node_id),
@@ -201,8 +200,6 @@ def main(args: Sequence[str] | None = None) -> int:
     parser.add_argument("--master-addr", required=True)
     parser.add_argument("--log-dir", required=True)
     ns = parser.parse_args(args)
-    from dlrover_plugin_slurm._script import agent_argv
-
     argv = agent_argv(sys.executable, ns.job_id, str(ns.node_id), ns.master_addr, ns.log_dir)
     try:
         return run_agent(argv, job_id=ns.job_id, node_id=str(ns.node_id))

@@ -17,9 +17,9 @@ from dlrover_core import Job, hookimpl
 from dlrover_core.accelerators import Accelerator, DeviceReport, NodeCheckResult
 from dlrover_core.errors import JobSpecError
 from dlrover_core.plugins import get_host
-from dlrover_core.schedulers.base import Capabilities
+from dlrover_core.scheduler_backend import Capabilities
 from dlrover_core.spec import Checkpoint, Failure
-from dlrover_plugin_slurm import SlurmScheduler, __version__
+from dlrover_plugin_slurm import SlurmCli, SlurmScheduler, __version__
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 TINY = Path(__file__).resolve().parents[3] / "tests" / "scripts" / "tiny_train.py"
@@ -147,3 +147,43 @@ def test_paths_with_spaces_are_refused(tmp_path):
     spaced = tmp_path / "my runs"
     with pytest.raises(JobSpecError, match="without spaces"):
         SlurmScheduler().dryrun(_job(tmp_path, log_dir=str(spaced)))
+
+
+def test_options_become_sbatch_lines_and_the_job_wins_over_sbatch_variables(tmp_path, monkeypatch):
+    """scheduler_options (partition, account, qos, time) become #SBATCH lines; the Job's value
+    wins over sbatch's own SBATCH_* variable (the fallback), which submit then removes from
+    sbatch's environment so it cannot override the line; the dry-run text shows each option
+    and where its value came from."""
+    monkeypatch.setenv("SBATCH_PARTITION", "from-env")
+    monkeypatch.setenv("SBATCH_ACCOUNT", "team")
+    monkeypatch.delenv("SBATCH_QOS", raising=False)
+    monkeypatch.delenv("SBATCH_TIMELIMIT", raising=False)
+    plan = SlurmScheduler().dryrun(_job(tmp_path))
+    assert "#SBATCH --partition=from-env\n#SBATCH --account=team\n" in plan.files["job.sbatch"]
+    plan = SlurmScheduler().dryrun(_job(tmp_path, scheduler_options={"partition": "gpu", "time": "1:00:00"}))
+    script = plan.files["job.sbatch"]
+    assert "#SBATCH --partition=gpu\n#SBATCH --account=team\n#SBATCH --time=1:00:00\n" in script
+    assert "from-env" not in script
+    text = str(plan)
+    assert '    partition="gpu"  (job)\n    account="team"  ($SBATCH_ACCOUNT)\n    qos=null  (default)\n' in text
+    assert plan.request.argv == ("sbatch", "--parsable", str(Path(plan.log_dir) / "job.sbatch"))
+    assert set(plan.request.unset_env) == {"SBATCH_PARTITION", "SBATCH_ACCOUNT", "SBATCH_TIMELIMIT"}
+
+    calls = []
+
+    def run(argv, **kwargs):
+        calls.append((argv, kwargs["env"]))
+        return subprocess.CompletedProcess(argv, 0, "42\n", "")
+
+    handle = SlurmScheduler(SlurmCli(run=run, sleep=lambda s: None)).submit(plan)
+    ((argv, env),) = calls
+    assert argv == list(plan.request.argv) and handle.native_id == "42"
+    assert "SBATCH_PARTITION" not in env and "SBATCH_ACCOUNT" not in env
+    assert Path(plan.request.script_path).read_text() == script
+
+
+def test_options_are_checked_before_the_script_is_rendered(tmp_path):
+    with pytest.raises(JobSpecError, match=r"scheduler_options\['partition'\]='a b': a value without spaces"):
+        SlurmScheduler().dryrun(_job(tmp_path, scheduler_options={"partition": "a b"}))
+    with pytest.raises(JobSpecError, match=r"scheduler_options\['partiton'\].*account, partition, python, qos, time"):
+        _job(tmp_path, scheduler_options={"partiton": "gpu"}).validate()

@@ -18,7 +18,7 @@ from dlrover_core import Job
 from dlrover_core.checkpoint.shm import SHM_DIR
 from dlrover_core.protocol import JobState
 from dlrover_core.runner import JobRun
-from dlrover_core.schedulers.base import JobHandle
+from dlrover_core.scheduler_backend import JobHandle
 from dlrover_core.spec import Checkpoint, Failure
 from dlrover_plugin_slurm import SlurmScheduler
 

@@ -19,10 +19,11 @@ import pytest
 from structlog.testing import capture_logs
 
 from dlrover_core.errors import SchedulerError
-from dlrover_core.protocol import JobState
-from dlrover_core.schedulers.base import JobHandle
+from dlrover_core.protocol import JobState, NodeRelaunch
+from dlrover_core.scheduler_backend import JobHandle
 from dlrover_plugin_slurm import SLURM_JOB_STATES, SlurmCli, SlurmScheduler, map_state, parse_sacct, parse_squeue
 from dlrover_plugin_slurm._commands import parse_node_states, slurm_env
+from dlrover_plugin_slurm._scheduler import SbatchRequest
 
 SQUEUE_ALL = """\
 6|COMPLETED|None|2026-11-29T18:56:27|n[1-2]
@@ -185,7 +186,10 @@ def test_lost_sbatch_answer_does_not_submit_twice(tmp_path):
     backend = SlurmScheduler(SlurmCli(run=run, sleep=lambda s: None))
     script = tmp_path / "job.sbatch"
     script.write_text("#!/bin/bash\n")
-    assert backend._sbatch("tiny-1", script) == "42"
+    request = SbatchRequest(script="#!/bin/bash\n", script_path=str(script), python="/py",
+                            argv=("sbatch", "--parsable", str(script)))
+    assert backend._sbatch("tiny-1", request) == "42"
+    assert run.calls[0] == ["sbatch", "--parsable", str(script)]
     assert run.calls[1][:2] == ["squeue", "--noheader"] and "--name=tiny-1" in run.calls[1]
 
 
@@ -218,11 +222,14 @@ class FakeCli:
         return ""
 
 
-def _handle(tmp_path: Path, *, elastic: bool = False, events=()) -> JobHandle:
+def _handle(tmp_path: Path, *, elastic: bool = False) -> JobHandle:
     (tmp_path / "slurm").mkdir(parents=True, exist_ok=True)
     (tmp_path / "slurm" / "submit.json").write_text(json.dumps({"native_id": "7", "elastic": elastic, "env": {}}))
-    (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     return JobHandle(scheduler="slurm", job_id="tiny-1", log_dir=str(tmp_path))
+
+
+def _in_place(node_id: int) -> NodeRelaunch:
+    return NodeRelaunch(node_id=node_id, replaces=node_id, reason=f"node {node_id} was lost")
 
 
 @pytest.fixture
@@ -240,8 +247,8 @@ RUNNING = parse_squeue(SQUEUE_ALL, "9")
 
 def test_lost_agent_goes_back_to_its_healthy_node(tmp_path, placed):
     """The agent died, the node did not: the agent is started again on the same Slurm node."""
-    handle = _handle(tmp_path, events=[{"kind": "node_relaunched", "node_id": 1, "replaces": None}])
-    SlurmScheduler(FakeCli(RUNNING)).relaunch_node(handle, 1)
+    handle = _handle(tmp_path)
+    SlurmScheduler(FakeCli(RUNNING)).relaunch_node(handle, _in_place(1))
     assert placed == [(1, "n2", None)]
     assert json.loads((tmp_path / "slurm" / "nodes.json").read_text()) == {"0": "n1", "1": "n2"}
 
@@ -249,15 +256,16 @@ def test_lost_agent_goes_back_to_its_healthy_node(tmp_path, placed):
 def test_agent_of_a_down_node_moves_to_a_fit_one(tmp_path, placed):
     """A node Slurm no longer finds fit is excluded; the agent goes to a fit node of the allocation."""
     handle = _handle(tmp_path)
-    SlurmScheduler(FakeCli(RUNNING, fit={"n1": True, "n2": False})).relaunch_node(handle, 1)
+    SlurmScheduler(FakeCli(RUNNING, fit={"n1": True, "n2": False})).relaunch_node(handle, _in_place(1))
     assert placed == [(1, "n1", "n2")]
 
 
 def test_replacement_of_an_excluded_node_avoids_it(tmp_path, placed):
-    """A new node id that replaces a node the master excluded never lands on the excluded node."""
-    handle = _handle(tmp_path, events=[{"kind": "node_excluded", "node_id": 0},
-                                       {"kind": "node_relaunched", "node_id": 2, "replaces": 0}])
-    SlurmScheduler(FakeCli(RUNNING)).relaunch_node(handle, 2)
+    """A new node id that replaces a node the master excluded (``NodeRelaunch.replaces``, no
+    events file read) never lands on the excluded node."""
+    handle = _handle(tmp_path)
+    assert not (tmp_path / "events.jsonl").exists()
+    SlurmScheduler(FakeCli(RUNNING)).relaunch_node(handle, NodeRelaunch(node_id=2, replaces=0, reason="excluded"))
     assert placed == [(2, "n2", "n1")]
 
 
@@ -266,7 +274,7 @@ def test_no_fit_node_left_requeues_a_fixed_size_job(tmp_path, placed):
     latest checkpoint on a new allocation)."""
     cli = FakeCli(RUNNING, fit={"n1": False, "n2": False})
     with capture_logs() as logs:
-        SlurmScheduler(cli).relaunch_node(_handle(tmp_path), 1)
+        SlurmScheduler(cli).relaunch_node(_handle(tmp_path), _in_place(1))
     assert placed == [] and cli.calls == [["scontrol", "requeue", "7"]]
     assert logs[-1]["event"] == "slurm_job_requeued"
 
@@ -275,13 +283,13 @@ def test_no_fit_node_left_lets_an_elastic_job_shrink(tmp_path, placed):
     """An elastic job is not requeued: the relaunch fails and the master goes on with fewer nodes."""
     cli = FakeCli(RUNNING, fit={"n1": False, "n2": False})
     with pytest.raises(SchedulerError, match="fewer nodes"):
-        SlurmScheduler(cli).relaunch_node(_handle(tmp_path, elastic=True), 1)
+        SlurmScheduler(cli).relaunch_node(_handle(tmp_path, elastic=True), _in_place(1))
     assert cli.calls == []
 
 
 def test_relaunch_needs_a_running_job(tmp_path, placed):
     with pytest.raises(SchedulerError, match="not running"):
-        SlurmScheduler(FakeCli(parse_squeue(SQUEUE_ALL, "10"))).relaunch_node(_handle(tmp_path), 1)
+        SlurmScheduler(FakeCli(parse_squeue(SQUEUE_ALL, "10"))).relaunch_node(_handle(tmp_path), _in_place(1))
 
 
 def _result(tmp_path: Path, state: str) -> None:

@@ -12,7 +12,7 @@ from typing import Any, BinaryIO, ClassVar
 
 import fsspec
 
-from dlrover_core.storage import CheckpointStorage
+from dlrover_core.backend import CheckpointStorage
 
 __all__ = ["FsspecStorage"]
 

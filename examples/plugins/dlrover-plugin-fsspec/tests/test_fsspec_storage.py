@@ -16,7 +16,7 @@ import torch
 
 import dlrover_plugin_fsspec.hooks
 from dlrover_core import Checkpoint
-from dlrover_core.plugins import PluginHost
+from dlrover_core.backend import PluginHost
 from dlrover_core.testing import StorageContract, register_plugin
 from dlrover_core.train import Checkpointer
 from dlrover_plugin_fsspec import FsspecStorage

@@ -1,5 +1,8 @@
 """The worker's :class:`Checkpointer` (Flash Checkpoint): ``save(step, state)``, ``load()``.
 
+It drives the checkpoint engine (:mod:`dlrover_core.checkpoint`: shared-memory snapshots,
+the on-disk layout, commits) from the training script.
+
 Under a dlrover agent:
 
 * ``save`` copies the state's tensors into one of the rank's two shared-memory slots (held
@@ -37,30 +40,49 @@ its global offsets, and are loaded at another world size through
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
+import tempfile
 import time
 import warnings
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
 from dlrover_core import env
+from dlrover_core.checkpoint.commit import retain, tidy, write_commit
+from dlrover_core.checkpoint.copy import copy_all
 from dlrover_core.checkpoint.layout import DTENSORS_KEY, TREE_KEY, build_layout, parse_header, tensor_views
 from dlrover_core.checkpoint.memory import MemorySnapshots, ShmTooSmall
 from dlrover_core.checkpoint.rng import get_rng_state, set_rng_state
 from dlrover_core.checkpoint.saver import shard_path, step_dir
-from dlrover_core.checkpoint.state_format import unflatten, unwrap_module
+from dlrover_core.checkpoint.state_format import flatten, unflatten, unwrap_module
 from dlrover_core.errors import CheckpointError
 from dlrover_core.logging import get_logger
+from dlrover_core.plugins import get_host
+from dlrover_core.protocol.client import MasterClient
+from dlrover_core.protocol.messages import (
+    RestoreDecision,
+    RestorePlanRequest,
+    RestoreVerify,
+    RestoreVerifyAnswer,
+    ShardReport,
+)
+from dlrover_core.spec import Checkpoint
 from dlrover_core.storage.base import CheckpointStorage
+from dlrover_core.train.context import current_job, worker_info
+from dlrover_core.train.progress import get_writer
 
 __all__ = ["Checkpointer", "Restored"]
 
 log = get_logger()
+
+A = TypeVar("A", RestoreDecision, RestoreVerifyAnswer)
 
 
 @attrs.frozen(kw_only=True)
@@ -82,18 +104,17 @@ class Restored:
 
 
 def _rank_world() -> tuple[int, int]:
-    import torch.distributed as dist
+    import torch.distributed as dist  # heavy: torch
 
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
-    from dlrover_core.train.context import worker_info
 
     info = worker_info()
     return info.rank, info.world_size
 
 
 def _barrier() -> None:
-    import torch.distributed as dist
+    import torch.distributed as dist  # heavy: torch
 
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
@@ -125,10 +146,6 @@ class Checkpointer:
         persist_every_steps: int | None = None,
         keep_last: int | None = None,
     ) -> None:
-        from dlrover_core.plugins import get_host
-        from dlrover_core.spec import Checkpoint
-        from dlrover_core.train.context import current_job
-
         job = current_job()
         cfg = job.checkpoint if job is not None else Checkpoint()
         overrides = {"dir": dir, "storage": storage, "memory_every_steps": memory_every_steps,
@@ -142,8 +159,6 @@ class Checkpointer:
         self.restored_step: int | None = None  # the step load() restored (a save at or below it is a replay)
         self._client = None
         if os.environ.get(env.MASTER_ADDR) and self._node_id is not None:
-            from dlrover_core.protocol.client import MasterClient
-
             self._client = MasterClient(os.environ[env.MASTER_ADDR])
         self._memory: MemorySnapshots | None = None
         self._memory_off_reason: str | None = None
@@ -197,8 +212,6 @@ class Checkpointer:
                 no slot was freed within ``Checkpoint.persist_timeout_s``; or ``step`` is at
                 or below the step ``load()`` restored (the loop replays trained steps).
         """
-        from dlrover_core.train.progress import get_writer
-
         persist = force or self.persist_due(step)
         every = self.config.memory_every_steps
         to_memory = every > 0 and step % every == 0
@@ -249,56 +262,70 @@ class Checkpointer:
                 layout.write_to(crc)
         except OSError as exc:
             raise CheckpointError(f"writing step {step} rank {rank} to {self.storage.url!r} failed: {exc}") from exc
-        info = {"node_id": int(self._node_id or 0), "rank": rank, "step": step, "world_size": world_size,
-                "round": self._round, "file": path.rsplit("/", 1)[-1], "token": self._agent or None,
-                "crc32": crc.crc, "bytes": layout.data_len, "persist_s": round(time.monotonic() - t0, 6)}
+        shard = ShardReport(node_id=int(self._node_id or 0), rank=rank, step=step, world_size=world_size,
+                            round=self._round, file=path.rsplit("/", 1)[-1], token=self._agent or None, crc32=crc.crc,
+                            bytes=layout.data_len, persist_s=round(time.monotonic() - t0, 6))
         if self._client is not None:
-            self._client.call("checkpoint_shard", info)
+            self._client.checkpoint_shard(shard)
             return
         _barrier()
         if rank == 0:  # no master: rank 0 commits once every rank passed the barrier
-            from dlrover_core.master.checkpoints import CheckpointCoordinator
-
-            coordinator = CheckpointCoordinator(self.storage, keep_last=self.config.keep_last, event=lambda *a, **k: None)
-            for r in range(world_size):
-                coordinator.shard_done(step=step, rank=r, world_size=world_size, round_index=self._round,
-                                       info={"file": shard_path(step, r, self._round).rsplit("/", 1)[-1],
-                                             "round": self._round})
+            self._commit_alone(step, world_size, node_id=shard.node_id)
         _barrier()
+
+    def _commit_alone(self, step: int, world_size: int, *, node_id: int) -> None:
+        """Without a master: commit ``step`` from every rank's shard (rank 0 does, after a
+        barrier), unless a step at or past it is committed; keep the last ``keep_last``."""
+        try:
+            latest = self.storage.latest_step()
+        except (OSError, ValueError) as exc:
+            log.error("checkpoint_marker_unreadable", error=str(exc))
+            latest = None
+        if latest is not None and step <= latest:
+            return
+        shards = {r: ShardReport(node_id=node_id, rank=r, step=step, world_size=world_size, round=self._round,
+                                 file=shard_path(step, r, self._round).rsplit("/", 1)[-1]) for r in range(world_size)}
+        try:
+            meta = write_commit(self.storage, step=step, world_size=world_size, round_index=self._round, shards=shards)
+        except OSError as exc:
+            log.error("checkpoint_commit_failed", step=step, storage=self.storage.url,
+                      error=f"{type(exc).__name__}: {exc}")
+            return
+        log.info("checkpoint_committed", step=step, world_size=world_size, round=self._round)
+        tidy(self.storage, step, meta)
+        retain(self.storage, latest=step, keep_last=self.config.keep_last)
 
     # ----- load ------------------------------------------------------------------------
 
-    def _plan(self, rank: int, world_size: int) -> dict[str, Any]:
+    def _plan(self, rank: int, world_size: int) -> RestoreDecision:
         """The restore decision every rank agreed on through the master (``source``,
         ``step``, and for memory ``snapshot_round``)."""
-        snapshots = self._snapshots(rank) if self._client is not None else None
-        if self._client is None:
+        client = self._client
+        if client is None:
             latest = self.storage.latest_step()
-            return {"source": "storage", "step": latest} if latest is not None else {"source": "fresh", "step": None}
+            return RestoreDecision(state="ready", source="storage" if latest is not None else "fresh", step=latest)
+        snapshots = self._snapshots(rank)
         held = snapshots.held(world_size) if snapshots is not None else []
-        answer = self._ask("restore_plan", {"round": self._round, "rank": rank, "world_size": world_size,
-                                            "memory": [list(h) for h in held],
-                                            "memory_steps": sorted({s for s, _ in held})})
-        if answer["state"] == "failed":
-            raise CheckpointError(answer["reason"])
+        request = RestorePlanRequest(round=self._round, rank=rank, world_size=world_size, memory=tuple(held),
+                                     memory_steps=tuple(sorted({s for s, _ in held})))
+        answer = self._ask(functools.partial(client.restore_plan, request), rank, "restore_plan")
+        if answer.state == "failed":
+            raise CheckpointError(answer.reason)
         return answer
 
-    def _ask(self, endpoint: str, body: dict[str, Any]) -> dict[str, Any]:
-        """Call ``endpoint`` until the master answers anything but ``waiting`` (every rank
-        has spoken), at most ``Failure.collective_timeout_s``."""
-        from dlrover_core.train.context import current_job
-
-        assert self._client is not None
+    def _ask(self, ask: Callable[[], A], rank: int, what: str) -> A:
+        """Ask the master until it answers anything but ``waiting`` (every rank has spoken),
+        at most ``Failure.collective_timeout_s``."""
         job = current_job()
         timeout_s = job.failure.collective_timeout_s if job is not None else 300.0
         deadline = time.monotonic() + timeout_s
         while True:
-            answer = self._client.call(endpoint, body)
-            if answer["state"] != "waiting":
+            answer = ask()
+            if answer.state != "waiting":
                 return answer
             if time.monotonic() > deadline:
                 raise CheckpointError(f"ranks did not agree on a restore within {timeout_s:g} s "
-                                      f"(rank {body.get('rank')} waited in {endpoint})")
+                                      f"(rank {rank} waited in {what})")
             time.sleep(0.005)
 
     def _verified_storage_step(self, step: int, rank: int, world_size: int) -> tuple[int, bytes, dict[str, Any]]:
@@ -312,19 +339,19 @@ class Checkpointer:
             except CheckpointError as exc:
                 data, meta, ok, error = b"", {}, False, str(exc)
                 log.error("checkpoint_shard_damaged", rank=rank, step=step, error=error)
-            if self._client is None:
+            client = self._client
+            if client is None:
                 if not ok:
                     raise CheckpointError(error)
                 return step, data, meta
-            answer = self._ask("restore_verify", {"round": self._round, "rank": rank, "world_size": world_size,
-                                                  "step": step, "ok": ok, "error": error})
-            if answer["state"] == "ok":
+            report = RestoreVerify(round=self._round, rank=rank, world_size=world_size, step=step, ok=ok, error=error)
+            answer = self._ask(functools.partial(client.restore_verify, report), rank, "restore_verify")
+            if answer.state == "ok":
                 return step, data, meta
-            if answer["state"] == "failed":
-                raise CheckpointError(answer["reason"])
-            log.warning("checkpoint_fallback", rank=rank, damaged_step=step, step=int(answer["step"]),
-                        reason=answer.get("reason"))
-            step = int(answer["step"])
+            if answer.state == "failed" or answer.step is None:
+                raise CheckpointError(answer.reason)
+            log.warning("checkpoint_fallback", rank=rank, damaged_step=step, step=answer.step, reason=answer.reason)
+            step = answer.step
 
     def load(self, state: dict[str, Any] | None = None) -> Restored | None:
         """Restore the newest checkpoint every rank can load, or return ``None`` (fresh start).
@@ -340,12 +367,10 @@ class Checkpointer:
             CheckpointError: no committed step is intact, or the checkpoint lacks a key of
                 ``state``.
         """
-        from dlrover_core.train.progress import get_writer
-
         t0 = time.monotonic()
         rank, world_size = _rank_world()
         plan = self._plan(rank, world_size)
-        source, step = plan["source"], plan["step"]
+        source, step = plan.source, plan.step
         if source == "fresh" or step is None:
             log.info("checkpoint_fresh_start", rank=rank, dir=self.storage.url)
             if self._memory is not None:
@@ -354,13 +379,13 @@ class Checkpointer:
             return None
         if source == "memory":
             assert self._memory is not None
-            with self._memory.read(step, world_size, plan.get("snapshot_round")) as (views, metadata):
+            with self._memory.read(step, world_size, plan.snapshot_round) as (views, metadata):
                 restored = _restore(json.loads(metadata[TREE_KEY]), views, state, copy=True)
         else:
             step, data, meta = self._verified_storage_step(step, rank, world_size)
             restored = self._load_storage(step, rank, world_size, state, data=data, meta=meta)
         if self._memory is not None:  # newer snapshots belong to an abandoned lineage
-            self._memory.forget_after(step, keep_round=plan.get("snapshot_round") if source == "memory" else None)
+            self._memory.forget_after(step, keep_round=plan.snapshot_round if source == "memory" else None)
         rng = restored.get("rng")
         if rng is not None:
             set_rng_state(rng)
@@ -451,8 +476,6 @@ def _shards_differ(views: dict[str, Any], state: dict[str, Any]) -> bool:
     DTensor = _dtensor_type()
     if DTensor is None:
         return False
-    from dlrover_core.checkpoint.state_format import flatten
-
     _, targets = flatten({"state": state})
     return any(isinstance(t, DTensor) and k in views and tuple(t.to_local().shape) != tuple(views[k].shape)
                for k, t in targets.items())
@@ -465,11 +488,9 @@ def _reshard(step_path: Path, views: dict[str, Any], state: dict[str, Any], *, s
     ``sharded`` names the saved keys that were DTensor shards: each needs a target tensor
     (a target that has not allocated it — an optimizer before its first step — cannot be
     resharded into)."""
-    import torch
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import DefaultLoadPlanner, HuggingFaceStorageReader
-
-    from dlrover_core.checkpoint.state_format import flatten
+    import torch  # heavy: torch
+    import torch.distributed.checkpoint as dcp  # heavy: torch
+    from torch.distributed.checkpoint import DefaultLoadPlanner, HuggingFaceStorageReader  # heavy: torch
 
     if not step_path.is_dir():
         raise CheckpointError(f"loading at another world size needs a local directory; {storage.url!r} is not one")
@@ -481,8 +502,6 @@ def _reshard(step_path: Path, views: dict[str, Any], state: dict[str, Any], *, s
             f"cannot reshard {len(missing)} saved shard(s) into targets that lack them (e.g. {missing[0]!r}); "
             "an optimizer has no state before its first step: pass train.ModelOptimizerState(model, optimizer), "
             "which allocates it (torch.distributed.checkpoint.state_dict)")
-    import tempfile
-
     # DCP's reader takes every *.safetensors file of a directory: give it only the commit's
     # files (a late write of a stale incarnation may lie beside them)
     with tempfile.TemporaryDirectory(prefix="dlrover-reshard-") as tmp:
@@ -500,7 +519,7 @@ def _restore(tree: Any, tensors: dict[str, Any], targets: dict[str, Any] | None,
     optimizers) are copied first, since the views die with the buffer; ``nn.Module`` targets
     copy on their own in ``load_state_dict``.
     """
-    import torch
+    import torch  # heavy: torch
 
     full = unflatten(tree, tensors)
     saved = full["state"]
@@ -535,9 +554,7 @@ def _copy_into_module(module: Any, value: dict[str, Any]) -> bool:
     """Copy a saved state dict into a module's own CPU tensors, in parallel; return False
     (nothing done) unless that is exactly what ``load_state_dict`` would do: same keys,
     shapes and dtypes, plain contiguous CPU tensors, no load hooks."""
-    import torch
-
-    from dlrover_core.checkpoint.copy import copy_all
+    import torch  # heavy: torch
 
     if module._load_state_dict_pre_hooks or module._load_state_dict_post_hooks or not isinstance(value, dict):
         return False
@@ -563,7 +580,7 @@ def _copy_into_module(module: Any, value: dict[str, Any]) -> bool:
 
 
 def _clone(value: Any) -> Any:
-    import torch
+    import torch  # heavy: torch
 
     if isinstance(value, torch.Tensor):
         return value.clone()
@@ -580,7 +597,7 @@ def _as_dtensors(value: Any, target: Any) -> Any:
     DTensor = _dtensor_type()
     if DTensor is None:
         return value
-    import torch
+    import torch  # heavy: torch
 
     if isinstance(target, DTensor) and isinstance(value, torch.Tensor) and not isinstance(value, DTensor):
         if value.shape != target.to_local().shape:

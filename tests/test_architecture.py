@@ -1,0 +1,127 @@
+"""The architecture as checks: the import contracts hold, function-level imports are only
+for optional or heavy dependencies and say why, and the public surface is what the docs say.
+
+`docs/architecture.md` describes the layers these checks hold the code to.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CORE = ROOT / "dlrover_core"
+PLUGIN_PACKAGES = sorted(p for p in (ROOT / "plugins").glob("*/dlrover_plugin_*") if p.is_dir())
+
+#: Top-level packages a function may import lazily, and why (the comment on the import says it too).
+LAZY_OK = {
+    "torch": "heavy: the master, the agents and the CLI never import it",
+    "docker": "optional extra (dlrover-core[docker])",
+    "requests": "comes with the docker SDK",
+    "kubernetes": "heavy, loaded on demand by the k8s plugin",
+    "safetensors": "pulls torch in",
+    "numpy": "heavy, workers only",
+    "torch_npu": "vendor package, optional",
+    "py_spy": "optional tool",
+    "dlrover_plugin_optim_agd._agd": "defines a torch.optim.Optimizer subclass: torch is heavy",
+}
+
+
+def _lazy_ok(module: str) -> bool:
+    return any(module == key or module.startswith(key + ".") for key in LAZY_OK)
+
+
+def _function_level_imports(path: Path) -> list[tuple[int, str, str]]:
+    """(line, module, source line) of every import inside a function of ``path``."""
+    source = path.read_text()
+    lines = source.splitlines()
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Import):
+                    found += [(sub.lineno, a.name, lines[sub.lineno - 1]) for a in sub.names]
+                elif isinstance(sub, ast.ImportFrom):
+                    module = ("." * sub.level) + (sub.module or "")
+                    found.append((sub.lineno, module, lines[sub.lineno - 1]))
+    return sorted(set(found))
+
+
+def _sources() -> list[Path]:
+    files = sorted(CORE.rglob("*.py"))
+    for package in PLUGIN_PACKAGES:
+        files += sorted(package.rglob("*.py"))
+    return files
+
+
+def test_the_import_contracts_hold():
+    """`.importlinter`: the core's layers, plugins importing only the documented API, plugins
+    independent of each other, and no cycle between the core's sibling packages."""
+    lint = Path(sys.executable).with_name("lint-imports")
+    if not lint.exists():
+        pytest.skip("import-linter is not installed (pip install -e '.[test]')")
+    done = subprocess.run([str(lint), "--no-cache", "--config", str(ROOT / ".importlinter")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+
+
+def test_function_level_imports_are_only_for_optional_or_heavy_packages_and_say_why():
+    problems = []
+    for path in _sources():
+        source_lines = path.read_text().splitlines()
+        for line, module, text in _function_level_imports(path):
+            where = f"{path.relative_to(ROOT)}:{line}: {text.strip()}"
+            if module.startswith(".") or not _lazy_ok(module):
+                problems.append(f"{where}  (import {module} at the top of the module)")
+                continue
+            above = source_lines[line - 2].strip() if line >= 2 else ""
+            if "#" not in text and not above.startswith("#"):
+                problems.append(f"{where}  (say why it is lazy in a comment)")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_public_surface_is_small_and_documented():
+    """The user API (`dlrover_core`, `dlrover_core.train`), the backend authors' API
+    (`dlrover_core.backend`) and the test kit (`dlrover_core.testing`) each list their names in
+    `__all__`, and every name there exists and has a docstring or is data."""
+    import importlib
+
+    sizes = {}
+    for name in ("dlrover_core", "dlrover_core.train", "dlrover_core.backend", "dlrover_core.testing",
+                 "dlrover_core.protocol"):
+        module = importlib.import_module(name)
+        exported = module.__all__
+        assert len(exported) == len(set(exported)), f"{name}.__all__ lists a name twice"
+        for attr in exported:
+            obj = getattr(module, attr)
+            if callable(obj) and not isinstance(obj, type(sys)):
+                assert (getattr(obj, "__doc__", None) or "").strip(), f"{name}.{attr} has no docstring"
+        sizes[name] = len(exported)
+    assert sizes["dlrover_core"] <= 30, sizes  # what a user needs: the spec, the result, the errors, hookimpl
+
+
+def test_architecture_doc_lists_every_message_and_endpoint():
+    """docs/architecture.md's table names every message class and every master endpoint."""
+    import enum
+
+    from dlrover_core.protocol import messages
+
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    missing = []
+    for name in messages.__all__:
+        obj = getattr(messages, name)
+        if isinstance(obj, type) and not issubclass(obj, enum.Enum) and name != "Endpoint":
+            if f"`{name}`" not in doc:
+                missing.append(name)
+    for endpoint in messages.ENDPOINTS.values():
+        method = "POST" if endpoint.request is not None else "GET"
+        if f"{method} /v1/{endpoint.name}" not in doc:
+            missing.append(f"{method} /v1/{endpoint.name}")
+    for name in ("MasterStatus", "JobResult", "JobEvent", "JobSpec"):
+        if f"`{name}`" not in doc:
+            missing.append(name)
+    assert not missing, f"docs/architecture.md does not mention: {missing}"

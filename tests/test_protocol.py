@@ -1,0 +1,253 @@
+"""The typed protocol: every message crosses the wire as JSON and comes back equal; a newer
+peer's extra fields are tolerated, a malformed message is refused naming what is wrong; the
+master's server and MasterClient speak it end to end."""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+import httpx
+import pytest
+
+from dlrover_core import Failure, Job, JobState, Nodes
+from dlrover_core.errors import DLRoverError, ProtocolError
+from dlrover_core.master.job_master import JobMaster
+from dlrover_core.master.server import MasterServer
+from dlrover_core.protocol import (
+    ENDPOINTS,
+    Action,
+    ActionAnswer,
+    Cancel,
+    CheckpointErrorReport,
+    Exited,
+    FailureRecord,
+    FailureReport,
+    Heartbeat,
+    HeartbeatAnswer,
+    JobResult,
+    Join,
+    Joined,
+    MasterStatus,
+    NodeCheckReport,
+    NodeCheckResult,
+    NodeRelaunch,
+    NodeRow,
+    Poll,
+    PollState,
+    Register,
+    Registered,
+    RestoreDecision,
+    RestorePlanRequest,
+    RestoreVerify,
+    RestoreVerifyAnswer,
+    RoundAssignment,
+    ShardAnswer,
+    ShardReport,
+    Succeeded,
+    WorkerException,
+    WorkerFailure,
+    decode,
+    encode,
+)
+from dlrover_core.protocol.client import MasterClient
+from dlrover_core.retry import rpc_retrying
+
+EXCEPTION = WorkerException(exc_type="ValueError", message="bad batch", step=17, before_first_step=False,
+                            traceback="Traceback ...")
+HEARTBEAT = Heartbeat(node_id=1, round=2, workers={4: 1001, 5: 1002}, steps={4: 17, 5: 16},
+                      records=({"type": "step", "step": 17, "dt": 0.1, "metrics": {"loss": 1.5}},),
+                      saves={4: (10, 15)}, pid=42, token=7)
+
+#: One filled-in example of every message (non-default values wherever a field has one).
+EXAMPLES = [
+    NodeRelaunch(node_id=3, replaces=1, reason="node 1 was lost", attempt=2),
+    Register(node_id=1, host="vm", pid=42),
+    Registered(action=Action.NONE, job_id="job-1", token=7),
+    Join(node_id=1, nproc=4, token=7),
+    Joined(action=Action.NONE, round=2),
+    Poll(node_id=1, token=7),
+    RoundAssignment(state=PollState.READY, round=2, node_rank=1, num_nodes=2, rank_offset=4, nproc=4, world_size=8,
+                    store_host="10.0.0.1", store_port=29500, restart_count=1, max_restarts=3),
+    RoundAssignment(state=PollState.CHECK, check_round=1, group=(0, 3), group_rank=1, group_size=2,
+                    store_host="10.0.0.1", store_port=29501, prefix="check1/group0", timeout_s=120.0),
+    HEARTBEAT,
+    HeartbeatAnswer(action=Action.RESTART),
+    WorkerFailure.exited(rank=4, local_rank=0, exit_code=1, exception=EXCEPTION),
+    FailureReport(node_id=1, round=2, token=7, failures=(
+        WorkerFailure.exited(rank=4, local_rank=0, exit_code=-9),
+        WorkerFailure(rank=5, local_rank=1, kind="hang", detail="no progress for 60 s", silent_s=61.5),
+        WorkerFailure.exited(rank=6, local_rank=2, exit_code=1, exception=EXCEPTION),
+    )),
+    ActionAnswer(action=Action.STOP, fenced=True),
+    Succeeded(node_id=1, round=2, token=7),
+    Exited(node_id=1, token=7),
+    NodeCheckReport(node_id=1, check_round=0, token=7, result=NodeCheckResult(
+        ok=True, local_ok=True, elapsed_s=1.5, matmul_tflops=12.5, allreduce_gbps=3.25)),
+    Cancel(reason="cancelled by the user"),
+    ShardReport(node_id=1, rank=4, step=20, world_size=8, round=2, file="rank_00004-round2.safetensors",
+                crc32=123456, bytes=4096, persist_s=0.25, token=7),
+    ShardAnswer(committed=10, stale=True, reason="round 3 went back to step 10"),
+    CheckpointErrorReport(node_id=1, rank=4, step=20, round=2, error="OSError: disk full", storage="file:///ck",
+                          fatal=True, token=7),
+    RestorePlanRequest(round=3, rank=4, world_size=8, memory=((15, 2), (20, 2)), memory_steps=(15, 20)),
+    RestoreDecision(state="ready", source="memory", step=20, snapshot_round=2),
+    RestoreVerify(round=3, rank=4, world_size=8, step=20, ok=False, error="CRC mismatch"),
+    RestoreVerifyAnswer(state="retry", step=10, reason="rank 4's shard: CRC mismatch"),
+    MasterStatus(job_id="job-1", state=JobState.RUNNING, step=17, metrics={"loss": 1.5}, nodes=2, max_nodes=2,
+                 restarts=1, round=2, elapsed_s=12.5, goodput={"goodput": 0.9},
+                 node_table=(NodeRow(node_id=1, host="vm", pid=42, state="running", round=2, workers={4: 1001},
+                                     steps={4: 17}, failures=1, relaunches=0, token=7),)),
+    JobResult(job_id="job-1", state=JobState.FAILED, reason="boom", final_step=17, restarts=1, wall_time_s=10.0,
+              productive_s=8.0, goodput=0.8, checkpoint_stall_s=0.1, restore_s=0.2, recomputed_s=0.3,
+              detection_s=0.4, restart_s=0.5, rendezvous_s=0.6, startup_s=0.7, metrics={"loss": 1.5}, log_dir="/x",
+              failures=(FailureRecord(time_s=5.0, round=1, node_id=1, rank=4, local_rank=0, exit_code=-9,
+                                      signal="SIGKILL", step=12, last_committed_step=10, action="restarted"),)),
+]
+
+
+def _wire(message):
+    """``message`` as the other side receives it: encoded, through JSON text."""
+    return json.loads(json.dumps(encode(message)))
+
+
+def test_every_endpoint_has_an_example():
+    classes = {type(m) for m in EXAMPLES}
+    for endpoint in ENDPOINTS.values():
+        assert endpoint.answer in classes and (endpoint.request is None or endpoint.request in classes), endpoint
+
+
+@pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: type(m).__name__)
+def test_a_message_comes_back_equal_through_json(message):
+    assert decode(type(message), _wire(message)) == message
+
+
+@pytest.mark.parametrize("message", EXAMPLES, ids=lambda m: type(m).__name__)
+def test_fields_from_a_newer_peer_are_ignored(message):
+    data = {**_wire(message), "added_in_a_later_version": {"x": 1}}
+    assert decode(type(message), data) == message
+
+
+def _required(cls: type) -> list[str]:
+    return [a.name for a in attrs.fields(cls) if a.default is attrs.NOTHING]
+
+
+@pytest.mark.parametrize("message", [m for m in EXAMPLES if _required(type(m))], ids=lambda m: type(m).__name__)
+def test_a_missing_required_field_is_named(message):
+    for name in _required(type(message)):
+        data = _wire(message)
+        del data[name]
+        with pytest.raises(ProtocolError, match=rf"malformed {type(message).__name__}: .*\$\.{name}\b"):
+            decode(type(message), data)
+
+
+def test_a_field_of_the_wrong_type_is_named():
+    with pytest.raises(ProtocolError, match=r"malformed Join: .*\$\.nproc"):
+        decode(Join, {"node_id": 1, "nproc": "four"})
+    with pytest.raises(ProtocolError, match=r"malformed FailureReport: .*failures"):
+        decode(FailureReport, {"node_id": 1, "round": 0, "failures": [{"rank": "zero"}]})
+    with pytest.raises(ProtocolError, match="malformed RoundAssignment: .*state"):
+        decode(RoundAssignment, {"state": "dancing"})
+
+
+def test_the_wire_keeps_the_field_names():
+    """JSON keys are the field names; int keys become strings (JSON's only kind) and back."""
+    beat = _wire(HEARTBEAT)
+    assert beat["workers"] == {"4": 1001, "5": 1002} and beat["saves"] == {"4": [10, 15]}
+    assert _wire(ActionAnswer(action=Action.RESTART)) == {"action": "restart", "fenced": False}
+
+
+def test_a_bool_comes_back_a_bool_and_a_non_bool_is_refused():
+    decoded = decode(NodeCheckResult, {"ok": False, "local_ok": True})
+    assert decoded.ok is False and decoded.local_ok is True
+    with pytest.raises(ProtocolError, match="ok"):
+        decode(NodeCheckResult, {"ok": "yes"})
+
+
+def test_a_failure_says_what_kind_it_was():
+    assert WorkerFailure.exited(rank=0, local_rank=0, exit_code=-9).kind == "signal"
+    assert WorkerFailure.exited(rank=0, local_rank=0, exit_code=3).kind == "exit"
+    assert WorkerFailure.exited(rank=0, local_rank=0, exit_code=1, exception=EXCEPTION).kind == "exception"
+    assert WorkerException(exc_type="E", step=-1).raised_before_first_step()
+    assert not WorkerException(exc_type="E", step=-1, before_first_step=False).raised_before_first_step()
+
+
+# ----- the server and the client ------------------------------------------------------------------
+
+
+@pytest.fixture
+def served(workdir):
+    (workdir / "t.py").write_text("")
+    job = Job(name="p", entrypoint="t.py", nodes=Nodes(min=1, max=1), failure=Failure(heartbeat_interval_s=0.2))
+    ports = iter(range(5000, 6000))
+    master = JobMaster(job, "job-p", store_host="127.0.0.1", store_factory=lambda: (next(ports), None),
+                       log_dir=workdir)
+    server = MasterServer(master, "127.0.0.1", 0)
+    server.start()
+    client = MasterClient(f"127.0.0.1:{server.port}", addr_file="",
+                          retrying=lambda: rpc_retrying(attempts=2, max_total_s=2.0))
+    try:
+        yield master, server, client
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_the_server_answers_400_to_a_malformed_body(served):
+    """A missing field or one of the wrong type is refused with the message and field
+    named; nothing of the master changes."""
+    master, server, _ = served
+    url = f"http://127.0.0.1:{server.port}/v1"
+    missing = httpx.post(f"{url}/join", json={"node_id": 0})
+    assert missing.status_code == 400 and "malformed Join" in missing.json()["error"]
+    assert "nproc" in missing.json()["error"]
+    wrong = httpx.post(f"{url}/heartbeat", json={"node_id": 0, "round": "first"})
+    assert wrong.status_code == 400 and "malformed Heartbeat" in wrong.json()["error"]
+    assert "round" in wrong.json()["error"]
+    not_json = httpx.post(f"{url}/failure", content=b"{oops", headers={"content-type": "application/json"})
+    assert not_json.status_code == 400 and "malformed FailureReport" in not_json.json()["error"]
+    assert master.nodes == {} and master.failures == []
+
+
+def test_the_client_speaks_every_agent_call_to_the_server(served):
+    """One node's life through MasterClient: typed requests, typed answers."""
+    master, _, client = served
+    registered = client.register(Register(node_id=0, host="vm", pid=42))
+    assert registered == Registered(action=Action.NONE, job_id="job-p", token=1)
+    assert client.join(Join(node_id=0, nproc=2, token=1)) == Joined(action=Action.NONE, round=0)
+    master.tick()
+    ready = client.poll(Poll(node_id=0, token=1))
+    assert (ready.state, ready.round, ready.world_size, ready.store_port) == (PollState.READY, 0, 2, 5000)
+    beat = client.heartbeat(Heartbeat(node_id=0, round=0, workers={0: 100, 1: 101}, steps={0: 3},
+                                      records=({"type": "step", "step": 3, "dt": 0.1, "metrics": {"loss": 2.0}},),
+                                      pid=42, token=1))
+    assert beat == HeartbeatAnswer(action=Action.NONE)
+    status = client.status()
+    assert (status.state, status.step, status.metrics, status.node_table[0].workers) == (
+        JobState.RUNNING, 3, {"loss": 2.0}, {0: 100, 1: 101})
+    answer = client.failure(FailureReport(node_id=0, round=0, token=1, failures=(
+        WorkerFailure.exited(rank=1, local_rank=1, exit_code=-9),)))
+    assert answer.action == Action.RESTART
+    assert client.cancel(Cancel(reason="enough")).action == Action.STOP
+    result = client.result()
+    assert result.state == JobState.CANCELLED and result.reason == "enough"
+    assert (result.failures[0].rank, result.failures[0].signal) == (1, "SIGKILL")
+    assert client.exited(Exited(node_id=0, token=1)).action == Action.STOP
+
+
+def test_a_replaced_agent_is_answered_fenced_and_changes_nothing(served):
+    master, _, client = served
+    client.register(Register(node_id=0, host="vm", pid=42))
+    client.register(Register(node_id=0, host="vm", pid=43))  # a new agent for node 0: token 2
+    assert client.heartbeat(Heartbeat(node_id=0, token=1)) == HeartbeatAnswer(action=Action.STOP, fenced=True)
+    fenced = client.poll(Poll(node_id=0, token=1))
+    assert (fenced.state, fenced.action, fenced.fenced) == (PollState.STOP, Action.STOP, True)
+    assert client.checkpoint_shard(ShardReport(node_id=0, rank=0, step=1, world_size=1, token=1)).fenced
+    assert client.exited(Exited(node_id=0, token=1)).fenced
+    assert master.nodes[0].state == "registered"  # the stale agent's exit changed nothing
+
+
+def test_a_request_the_master_refuses_raises_with_its_reason(served):
+    _, _, client = served
+    with pytest.raises(DLRoverError, match="does not coordinate checkpoints"):
+        client.restore_plan(RestorePlanRequest(round=0, rank=0, world_size=1))

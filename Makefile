@@ -23,7 +23,7 @@ demo: setup
 
 test: setup
 	$(PY) -m ruff check dlrover_core plugins tests examples
-	$(VENV)/bin/lint-imports --config .importlinter
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest
 
 lint: setup

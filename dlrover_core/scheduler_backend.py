@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
-import httpx
+import tenacity
 
-from dlrover_core.errors import JobSpecError, SchedulerError
+from dlrover_core.errors import DLRoverError, JobSpecError, SchedulerError
 from dlrover_core.protocol import JobResult, JobState, JobStatus, MasterStatus, NodeRelaunch
+from dlrover_core.protocol.client import MasterClient
+from dlrover_core.retry import rpc_retrying
 
 if TYPE_CHECKING:
     from dlrover_core.accelerators.base import Accelerator
@@ -346,12 +348,18 @@ def fetch_master_status(addr: str, *, timeout_s: float = 2.0) -> MasterStatus | 
     """The master's ``/v1/status`` at ``host:port``, decoded; ``None`` when it does not answer
     or answers something that is not a status. Map it with
     :meth:`~dlrover_core.protocol.MasterStatus.to_job_status`."""
+    client = MasterClient(addr, timeout_s=timeout_s, retrying=_ask_once, addr_file="")
     try:
-        answer = httpx.get(f"http://{addr}/v1/status", timeout=timeout_s)
-        answer.raise_for_status()
-        return MasterStatus.from_wire(answer.json())
-    except (httpx.HTTPError, ValueError):  # ProtocolError and bad JSON are ValueErrors
+        return client.status()
+    except (DLRoverError, ValueError):  # not answering (MasterUnavailableError), a 4xx, bad JSON, a ProtocolError
         return None
+    finally:
+        client.close()
+
+
+def _ask_once() -> tenacity.Retrying:
+    """One attempt: a backend asking for the status reports 'not answering' at once."""
+    return rpc_retrying(attempts=1)
 
 
 class SchedulerBackend(abc.ABC):

@@ -28,19 +28,20 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import httpx
 import psutil
 
 from dlrover_core import env
 from dlrover_core.agent.launch import preview_workers
 from dlrover_core.checkpoint.shm import remove_segments
-from dlrover_core.errors import SchedulerError
+from dlrover_core.errors import DLRoverError, SchedulerError
 from dlrover_core.fileio import write_atomic
 from dlrover_core.logging import get_logger
 from dlrover_core.markers import hookimpl
 from dlrover_core.plugins import get_host
 from dlrover_core.proctree import kill_trees
-from dlrover_core.protocol import JobState, JobStatus, NodeRelaunch
+from dlrover_core.protocol import Cancel, JobState, JobStatus, NodeRelaunch
+from dlrover_core.protocol.client import MasterClient
+from dlrover_core.retry import rpc_retrying
 from dlrover_core.scheduler_backend import (
     Capabilities,
     JobHandle,
@@ -280,11 +281,14 @@ class LocalScheduler(SchedulerBackend):
         info = self._info(handle)
         grace_s = 5.0
         if _alive(int(info["master_pid"])):
+            client = MasterClient(self._master_addr(handle, info), timeout_s=2.0, retrying=lambda: rpc_retrying(attempts=1),
+                                  addr_file="")
             try:
-                httpx.post(f"http://{self._master_addr(handle, info)}/v1/cancel", json={"reason": "cancelled by the user"},
-                           timeout=2.0)
-            except httpx.HTTPError:
+                client.cancel(Cancel(reason="cancelled by the user"))
+            except (DLRoverError, ValueError):  # not answering: the processes are killed below
                 pass
+            finally:
+                client.close()
             deadline = time.monotonic() + 30.0
             while _alive(int(info["master_pid"])) and time.monotonic() < deadline:
                 self._reap(handle)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import tenacity
 
 from dlrover_core.errors import SchedulerError
+from dlrover_core.retry import api_retrying
 
 if TYPE_CHECKING:
     import docker
@@ -57,15 +58,10 @@ def _transient(exc: BaseException) -> bool:
 
 def docker_retrying(*, attempts: int = 4, max_total_s: float = 20.0, initial_wait_s: float = 0.2,
                     max_wait_s: float = 3.0, sleep: Callable[[float], None] = time.sleep) -> tenacity.Retrying:
-    """Policy for Docker API calls: retry what :func:`_transient` accepts, at most ``attempts``
-    tries or ``max_total_s`` seconds, waiting exponentially with jitter; re-raise the last error."""
-    return tenacity.Retrying(
-        stop=tenacity.stop_after_attempt(attempts) | tenacity.stop_after_delay(max_total_s),
-        wait=tenacity.wait_exponential(multiplier=initial_wait_s, max=max_wait_s) + tenacity.wait_random(0, initial_wait_s),
-        retry=tenacity.retry_if_exception(_transient),
-        sleep=sleep,
-        reraise=True,
-    )
+    """Policy for Docker API calls: :func:`dlrover_core.retry.api_retrying` of what
+    :func:`_transient` accepts, at most ``attempts`` tries or ``max_total_s`` seconds."""
+    return api_retrying(_transient, attempts=attempts, max_total_s=max_total_s, initial_wait_s=initial_wait_s,
+                        max_wait_s=max_wait_s, sleep=sleep)
 
 
 def _engine_message(exc: BaseException) -> str:

@@ -27,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
 from dlrover_core import SchedulerError
-from dlrover_core.backend import get_logger
+from dlrover_core.backend import api_retrying, get_logger
 from dlrover_plugin_k8s._config import K8sConfig
 
 __all__ = ["KubeApi", "K8sApiError", "TRANSIENT_STATUSES", "k8s_retrying"]
@@ -104,17 +104,13 @@ def k8s_retrying(
     exponentially with jitter from ``initial_wait_s`` up to ``max_wait_s``, or what a
     ``Retry-After`` header asks (capped the same). Re-raises the last error.
     """
-    return tenacity.Retrying(
-        stop=tenacity.stop_after_attempt(attempts) | tenacity.stop_after_delay(max_total_s),
-        wait=_wait_retry_after(
-            tenacity.wait_exponential(multiplier=initial_wait_s, max=max_wait_s) + tenacity.wait_random(0, initial_wait_s),
-            max_wait_s),
-        retry=tenacity.retry_if_exception(_is_transient),
+    return api_retrying(
+        _is_transient, attempts=attempts, max_total_s=max_total_s, initial_wait_s=initial_wait_s, max_wait_s=max_wait_s,
+        wait=lambda backoff: _wait_retry_after(backoff, max_wait_s),
         before_sleep=lambda rs: log.warning(
             "k8s_api_retry", attempt=rs.attempt_number,
             error=_describe(rs.outcome.exception()) if rs.outcome else None),
         sleep=sleep,
-        reraise=True,
     )
 
 

@@ -43,8 +43,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import sys
-import tempfile
 import time
 import warnings
 import zlib
@@ -56,12 +54,10 @@ import attrs
 
 from dlrover_core import env
 from dlrover_core.checkpoint.commit import retain, tidy, write_commit
-from dlrover_core.checkpoint.copy import copy_all
 from dlrover_core.checkpoint.layout import DTENSORS_KEY, TREE_KEY, build_layout, parse_header, tensor_views
 from dlrover_core.checkpoint.memory import MemorySnapshots, ShmTooSmall
 from dlrover_core.checkpoint.rng import get_rng_state, set_rng_state
 from dlrover_core.checkpoint.saver import shard_path, step_dir
-from dlrover_core.checkpoint.state_format import flatten, unflatten, unwrap_module
 from dlrover_core.errors import CheckpointError
 from dlrover_core.logging import get_logger
 from dlrover_core.plugins import get_host
@@ -77,6 +73,7 @@ from dlrover_core.spec import Checkpoint
 from dlrover_core.storage.base import CheckpointStorage
 from dlrover_core.train.context import current_job, worker_info
 from dlrover_core.train.progress import get_writer
+from dlrover_core.train.restore import reshard, restore_tree, shards_differ, without_rng
 
 __all__ = ["Checkpointer", "Restored"]
 
@@ -380,7 +377,7 @@ class Checkpointer:
         if source == "memory":
             assert self._memory is not None
             with self._memory.read(step, world_size, plan.snapshot_round) as (views, metadata):
-                restored = _restore(json.loads(metadata[TREE_KEY]), views, state, copy=True)
+                restored = restore_tree(json.loads(metadata[TREE_KEY]), views, state, copy=True)
         else:
             step, data, meta = self._verified_storage_step(step, rank, world_size)
             restored = self._load_storage(step, rank, world_size, state, data=data, meta=meta)
@@ -435,12 +432,12 @@ class Checkpointer:
         tree = json.loads(metadata[TREE_KEY])
         if src_rank != rank:
             log.warning("checkpoint_rank_missing", rank=rank, saved_world_size=saved_world, using_rank=src_rank)
-            tree = _without_rng(tree)
-        if state is not None and (saved_world != world_size or _shards_differ(views, state)):
-            views = _reshard(Path(self.storage.url.removeprefix("file://")) / step_dir(step), views, state,
+            tree = without_rng(tree)
+        if state is not None and (saved_world != world_size or shards_differ(views, state)):
+            views = reshard(Path(self.storage.url.removeprefix("file://")) / step_dir(step), views, state,
                              storage=self.storage, sharded=json.loads(metadata.get(DTENSORS_KEY, "[]")),
                              files=[s["file"] for s in (meta.get("shards") or {}).values() if "file" in s])
-        return _restore(tree, views, state, copy=True)
+        return restore_tree(tree, views, state, copy=True)
 
 
 class _CrcWriter:
@@ -456,156 +453,3 @@ class _CrcWriter:
             self.crc = zlib.crc32(data, self.crc)
         self._header_done = True
         return self._f.write(data)
-
-
-def _without_rng(tree: Any) -> Any:
-    """The tree minus its rank-local RNG states (another rank's RNG is not ours)."""
-    return {"__dict__": [[k, v] for k, v in tree["__dict__"] if k != "rng"]}
-
-
-def _dtensor_type() -> Any:
-    """DTensor if this process uses it (its module is imported), else ``None``: importing
-    ``torch.distributed.tensor`` costs most of a second, and a state without DTensors
-    never needs it."""
-    module = sys.modules.get("torch.distributed.tensor")
-    return getattr(module, "DTensor", None)
-
-
-def _shards_differ(views: dict[str, Any], state: dict[str, Any]) -> bool:
-    """Whether a target DTensor's local shard has another shape than the saved one."""
-    DTensor = _dtensor_type()
-    if DTensor is None:
-        return False
-    _, targets = flatten({"state": state})
-    return any(isinstance(t, DTensor) and k in views and tuple(t.to_local().shape) != tuple(views[k].shape)
-               for k, t in targets.items())
-
-
-def _reshard(step_path: Path, views: dict[str, Any], state: dict[str, Any], *, storage: Any,
-             sharded: list[str], files: list[str] | None = None) -> dict[str, Any]:
-    """Fill the targets' tensors from every rank's file of the step with DCP (resharding).
-
-    ``sharded`` names the saved keys that were DTensor shards: each needs a target tensor
-    (a target that has not allocated it — an optimizer before its first step — cannot be
-    resharded into)."""
-    import torch  # heavy: torch
-    import torch.distributed.checkpoint as dcp  # heavy: torch
-    from torch.distributed.checkpoint import DefaultLoadPlanner, HuggingFaceStorageReader  # heavy: torch
-
-    if not step_path.is_dir():
-        raise CheckpointError(f"loading at another world size needs a local directory; {storage.url!r} is not one")
-    _, targets = flatten({"state": state})
-    wanted = {k: v for k, v in targets.items() if k in views and isinstance(v, torch.Tensor)}
-    missing = [k for k in sharded if k not in wanted]
-    if missing:
-        raise CheckpointError(
-            f"cannot reshard {len(missing)} saved shard(s) into targets that lack them (e.g. {missing[0]!r}); "
-            "an optimizer has no state before its first step: pass train.ModelOptimizerState(model, optimizer), "
-            "which allocates it (torch.distributed.checkpoint.state_dict)")
-    # DCP's reader takes every *.safetensors file of a directory: give it only the commit's
-    # files (a late write of a stale incarnation may lie beside them)
-    with tempfile.TemporaryDirectory(prefix="dlrover-reshard-") as tmp:
-        for name in files or [p.name for p in step_path.glob("*.safetensors")]:
-            os.symlink((step_path / name).resolve(), Path(tmp) / name)  # absolute: a relative dir too
-        dcp.load(wanted, storage_reader=HuggingFaceStorageReader(tmp),
-                 planner=DefaultLoadPlanner(allow_partial_load=True))
-    return {**views, **wanted}
-
-
-def _restore(tree: Any, tensors: dict[str, Any], targets: dict[str, Any] | None, *, copy: bool) -> dict[str, Any]:
-    """Rebuild the saved state from ``tree`` and ``tensors``; load it into ``targets``.
-
-    With ``copy``, tensors that escape (returned, or given to objects that keep them, like
-    optimizers) are copied first, since the views die with the buffer; ``nn.Module`` targets
-    copy on their own in ``load_state_dict``.
-    """
-    import torch  # heavy: torch
-
-    full = unflatten(tree, tensors)
-    saved = full["state"]
-    out = dict(saved)
-    for key, target in (targets or {}).items():
-        if key not in saved:
-            raise CheckpointError(f"checkpoint has no entry {key!r} (it has: {', '.join(map(str, saved))})")
-        value = saved[key]
-        target = unwrap_module(target)
-        if isinstance(target, torch.nn.Module):
-            if not _copy_into_module(target, value):
-                target.load_state_dict(_as_dtensors(value, target.state_dict()))
-            out[key] = target.state_dict()
-            continue
-        value = _clone(value) if copy else value
-        if hasattr(target, "load_state_dict"):
-            target.load_state_dict(_as_dtensors(value, target.state_dict()))
-        elif isinstance(target, torch.Tensor):
-            with torch.no_grad():
-                target.copy_(value)
-        out[key] = value
-    for key in saved:
-        if key not in (targets or {}) and copy:
-            out[key] = _clone(saved[key])
-    full["state"] = out
-    if copy and "rng" in full:
-        full["rng"] = _clone(full["rng"])
-    return full
-
-
-def _copy_into_module(module: Any, value: dict[str, Any]) -> bool:
-    """Copy a saved state dict into a module's own CPU tensors, in parallel; return False
-    (nothing done) unless that is exactly what ``load_state_dict`` would do: same keys,
-    shapes and dtypes, plain contiguous CPU tensors, no load hooks."""
-    import torch  # heavy: torch
-
-    if module._load_state_dict_pre_hooks or module._load_state_dict_post_hooks or not isinstance(value, dict):
-        return False
-    if any(m._load_state_dict_pre_hooks or m._load_state_dict_post_hooks for m in module.modules()):
-        return False
-    own = module.state_dict(keep_vars=True)
-    if set(own) != set(value):
-        return False
-    pairs = []
-    for key, target in own.items():
-        src = value[key]
-        if not isinstance(src, torch.Tensor) or type(target.data) is not torch.Tensor or type(src) is not torch.Tensor:
-            return False
-        dst = target.data
-        if (dst.device.type != "cpu" or src.device.type != "cpu" or dst.shape != src.shape or dst.dtype != src.dtype
-                or not dst.is_contiguous() or not src.is_contiguous()):
-            return False
-        if dst.numel():
-            pairs.append((dst.view(-1).view(torch.uint8).numpy(), src.view(-1).view(torch.uint8).numpy()))
-    with torch.no_grad():
-        copy_all(pairs)
-    return True
-
-
-def _clone(value: Any) -> Any:
-    import torch  # heavy: torch
-
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, dict):
-        return {k: _clone(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_clone(v) for v in value)
-    return value
-
-
-def _as_dtensors(value: Any, target: Any) -> Any:
-    """Where ``target`` holds a DTensor and ``value`` a plain tensor (a saved local shard),
-    wrap the value as a DTensor like the target (same mesh, placements, global shape)."""
-    DTensor = _dtensor_type()
-    if DTensor is None:
-        return value
-    import torch  # heavy: torch
-
-    if isinstance(target, DTensor) and isinstance(value, torch.Tensor) and not isinstance(value, DTensor):
-        if value.shape != target.to_local().shape:
-            return value  # a resharded value already filled the target itself
-        return DTensor.from_local(value.to(target.device), target.device_mesh, target.placements,
-                                  shape=target.shape, stride=target.stride(), run_check=False)
-    if isinstance(value, dict) and isinstance(target, dict):
-        return {k: _as_dtensors(v, target.get(k)) for k, v in value.items()}
-    if isinstance(value, (list, tuple)) and isinstance(target, (list, tuple)) and len(value) == len(target):
-        return type(value)(_as_dtensors(v, t) for v, t in zip(value, target, strict=True))
-    return value

@@ -148,7 +148,12 @@ def test_two_of_three_agents_stopped_fails_promptly(tmp_path, collective):
             os.kill(agents[name], signal.SIGTERM)
         t0 = time.monotonic()
         while not (status := run.status()).state.is_terminal:
-            assert time.monotonic() - t0 < 25, f"still {status.state.value} ({status.message!r}) 25 s after"
+            # well under the 60 s join timeout the old behaviour waited for; on a loaded CI
+            # machine an agent's exit (workers' 2 s grace, the breakpoint save) can take seconds
+            if time.monotonic() - t0 > 40:
+                logs = "\n".join(f"--- {p.name}\n" + p.read_text()[-3000:]
+                                  for p in sorted(Path(run.handle.log_dir).glob("*.log")))
+                raise AssertionError(f"still {status.state.value} ({status.message!r}) 40 s after\n{logs}")
             time.sleep(0.2)
         assert status.state == JobState.FAILED
         assert "1 live node < nodes.min=2" in status.message, status.message

@@ -50,7 +50,7 @@ from dlrover_core.protocol import (
     NodeRelaunch,
     WorkerFailure,
 )
-from dlrover_core.protocol.client import MasterClient
+from dlrover_core.protocol.client import MasterClient, fetch_master_status
 from dlrover_core.retry import api_retrying, master_retrying, rpc_retrying, storage_retrying
 from dlrover_core.scheduler_backend import (
     Capabilities,
@@ -60,7 +60,6 @@ from dlrover_core.scheduler_backend import (
     ProcessSpec,
     SchedulerBackend,
     SchedulerOption,
-    fetch_master_status,
     read_result,
     resolve_options,
     status_of_result,

@@ -25,12 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
-import tenacity
 
-from dlrover_core.errors import DLRoverError, JobSpecError, SchedulerError
-from dlrover_core.protocol import JobResult, JobState, JobStatus, MasterStatus, NodeRelaunch
-from dlrover_core.protocol.client import MasterClient
-from dlrover_core.retry import rpc_retrying
+from dlrover_core.errors import JobSpecError, SchedulerError
+from dlrover_core.protocol import JobResult, JobState, JobStatus, NodeRelaunch
 
 if TYPE_CHECKING:
     from dlrover_core.accelerators.base import Accelerator
@@ -47,7 +44,6 @@ __all__ = [
     "ProcessSpec",
     "SchedulerBackend",
     "SchedulerOption",
-    "fetch_master_status",
     "new_job_id",
     "read_result",
     "resolve_options",
@@ -342,24 +338,6 @@ def status_of_result(result: JobResult) -> JobStatus:
     """The status of a finished job, from its result."""
     return JobStatus(state=result.state, step=result.final_step, metrics=dict(result.metrics),
                      restarts=result.restarts, message=result.reason)
-
-
-def fetch_master_status(addr: str, *, timeout_s: float = 2.0) -> MasterStatus | None:
-    """The master's ``/v1/status`` at ``host:port``, decoded; ``None`` when it does not answer
-    or answers something that is not a status. Map it with
-    :meth:`~dlrover_core.protocol.MasterStatus.to_job_status`."""
-    client = MasterClient(addr, timeout_s=timeout_s, retrying=_ask_once, addr_file="")
-    try:
-        return client.status()
-    except (DLRoverError, ValueError):  # not answering (MasterUnavailableError), a 4xx, bad JSON, a ProtocolError
-        return None
-    finally:
-        client.close()
-
-
-def _ask_once() -> tenacity.Retrying:
-    """One attempt: a backend asking for the status reports 'not answering' at once."""
-    return rpc_retrying(attempts=1)
 
 
 class SchedulerBackend(abc.ABC):

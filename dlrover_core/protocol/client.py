@@ -51,9 +51,9 @@ from dlrover_core.protocol.messages import (
 )
 from dlrover_core.protocol.result import JobResult
 from dlrover_core.protocol.status import MasterStatus
-from dlrover_core.retry import master_retrying
+from dlrover_core.retry import master_retrying, rpc_retrying
 
-__all__ = ["MasterClient"]
+__all__ = ["MasterClient", "fetch_master_status"]
 
 log = get_logger()
 
@@ -216,3 +216,16 @@ class MasterClient:
     def close(self) -> None:
         """Close the HTTP connections."""
         self._http.close()
+
+
+def fetch_master_status(addr: str, *, timeout_s: float = 2.0) -> MasterStatus | None:
+    """The master's ``/v1/status`` at ``host:port``, decoded; ``None`` when it does not answer
+    or answers something that is not a status. Map it with
+    :meth:`~dlrover_core.protocol.MasterStatus.to_job_status`."""
+    client = MasterClient(addr, timeout_s=timeout_s, retrying=lambda: rpc_retrying(attempts=1), addr_file="")
+    try:
+        return client.status()
+    except (DLRoverError, ValueError):  # not answering (MasterUnavailableError), a 4xx, bad JSON, a ProtocolError
+        return None
+    finally:
+        client.close()

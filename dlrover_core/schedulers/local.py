@@ -40,7 +40,7 @@ from dlrover_core.markers import hookimpl
 from dlrover_core.plugins import get_host
 from dlrover_core.proctree import kill_trees
 from dlrover_core.protocol import Cancel, JobState, JobStatus, NodeRelaunch
-from dlrover_core.protocol.client import MasterClient
+from dlrover_core.protocol.client import MasterClient, fetch_master_status
 from dlrover_core.retry import rpc_retrying
 from dlrover_core.scheduler_backend import (
     Capabilities,
@@ -48,7 +48,6 @@ from dlrover_core.scheduler_backend import (
     Plan,
     ProcessSpec,
     SchedulerBackend,
-    fetch_master_status,
     status_of_result,
 )
 from dlrover_core.schedulers.logtail import tail_logs

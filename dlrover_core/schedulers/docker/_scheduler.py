@@ -21,13 +21,13 @@ from dlrover_core.fileio import write_atomic
 from dlrover_core.logging import get_logger
 from dlrover_core.plugins import get_host
 from dlrover_core.protocol import JobState, JobStatus, NodeRelaunch, NodeRow
+from dlrover_core.protocol.client import fetch_master_status
 from dlrover_core.scheduler_backend import (
     Capabilities,
     JobHandle,
     Plan,
     SchedulerBackend,
     SchedulerOption,
-    fetch_master_status,
     status_of_result,
 )
 from dlrover_core.schedulers.docker._engine import call, connect, sdk

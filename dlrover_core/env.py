@@ -20,6 +20,7 @@ __all__ = [
     "NODE_ID",
     "PROGRESS_FILE",
     "ROUND",
+    "LIVE_JOIN",
     "WATCH_PID",
 ]
 
@@ -47,3 +48,5 @@ ROUND = "DLROVER_ROUND"
 PROGRESS_FILE = "DLROVER_PROGRESS_FILE"
 #: A pid to watch: the process exits when that process is gone (local scheduler).
 WATCH_PID = "DLROVER_WATCH_PID"
+#: "1" in a worker that replaces a failed one and joins the running world with its peers' live state
+LIVE_JOIN = "DLROVER_LIVE_JOIN"

@@ -192,6 +192,11 @@ class Failure:
         collective_timeout_s: timeout of the worker process group's collectives.
         warm_restart: keep standby processes per node that have already imported torch and
             turn them into workers, so a (re)started worker skips that (about a second).
+        live_recovery: when a worker or node fails and the training state is replicated
+            (``ddp``; a script that loops with ``train.steps()``), the surviving workers keep
+            training in a smaller process group and the replacement rejoins with their live
+            state (DESIGN §5a); otherwise, or with ``False``, every worker restarts from a
+            checkpoint. Which path ran, and why, is in the log and the ``JobResult``.
     """
 
     max_restarts: int = 3
@@ -204,6 +209,7 @@ class Failure:
     stop_grace_s: float = 10.0
     collective_timeout_s: float = 300.0
     warm_restart: bool = True
+    live_recovery: bool = True
 
     def __attrs_post_init__(self) -> None:
         _int_at_least("failure.max_restarts", self.max_restarts, 0)
@@ -221,8 +227,9 @@ class Failure:
         _int_at_least("failure.max_node_failures", self.max_node_failures, 1)
         _positive_number("failure.stop_grace_s", self.stop_grace_s)
         _positive_number("failure.collective_timeout_s", self.collective_timeout_s)
-        if not isinstance(self.warm_restart, bool):
-            raise JobSpecError("failure.warm_restart", self.warm_restart, "True or False")
+        for name in ("warm_restart", "live_recovery"):
+            if not isinstance(getattr(self, name), bool):
+                raise JobSpecError(f"failure.{name}", getattr(self, name), "True or False")
 
 
 @attrs.frozen(init=False)

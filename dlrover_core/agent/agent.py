@@ -45,6 +45,7 @@ import time
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
 
+from dlrover_core import env as env_names
 from dlrover_core.agent.hang import PEER_DUMP_GRACE_S, HangWatcher
 from dlrover_core.agent.launch import worker_argv, worker_env
 from dlrover_core.agent.progress import ProgressTail
@@ -86,6 +87,15 @@ _BREAKPOINT_GRACE_S = 10.0
 #: After a worker raised before its first step, how long its node's other workers get to
 #: raise the same (seconds).
 _SIBLING_ERROR_WAIT_S = 3.0
+
+
+def _is_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP: state ``T`` in ``/proc/<pid>/stat``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
 
 
 class _Answer(Protocol):
@@ -154,6 +164,8 @@ class ElasticAgent:
         self._hb_stop = threading.Event()
         self._hb_thread: threading.Thread | None = None
         self._beat_lock = threading.Lock()  # held for a whole heartbeat (drain, send, answer)
+        self._world: RoundAssignment | None = None  # the running round's assignment
+        self._replacements = 0  # workers replaced in the live world (names their progress files)
 
     # ----- entry -----------------------------------------------------------------------
 
@@ -473,8 +485,9 @@ class ElasticAgent:
         for rank, tail in self._tails.items():
             tail.read()
             new = taken[rank] = tail.take_unsent()
-            if rank == 0:
-                records.extend(new)
+            # rank 0's records: in the live world the rank a worker holds changes, and each
+            # step record says which it was
+            records.extend(r for r in new if r.get("rank", rank) == 0)
             persisted = [int(r["step"]) for r in new if r.get("type") == "checkpoint" and r.get("persist")]
             if persisted:
                 saves[rank] = persisted
@@ -488,6 +501,7 @@ class ElasticAgent:
     def _run_round(self, world: RoundAssignment) -> Action:
         """Run one round's workers; return ``restart`` or ``stop``."""
         round_index = world.round
+        self._world = world
         self._start_workers(world)  # (the heartbeat thread does not look at workers between rounds)
         with self._state_lock:
             self._round, self._ordered = round_index, None
@@ -519,9 +533,19 @@ class ElasticAgent:
             codes = [(w, w.poll()) for w in self.workers]
             failed = [(w, c) for w, c in codes if c not in (None, 0)]
             if failed:
-                return self._on_failure(round_index, failed)
+                action = self._on_failure(round_index, failed)
+                if action is None:  # replaced: the others go on
+                    continue
+                return action
             hung = self.hangs.hung(self.workers, self._tails)
             if hung:
+                stopped = [w for w in hung if _is_stopped(w.pid)] if self.job.failure.live_recovery else []
+                if stopped:  # the others wait on a frozen (stopped) process: it is the one to replace
+                    failures = self.hangs.failures(round_index, self.workers, stopped, self._tails)
+                    action = self._report_live(round_index, stopped, failures, stop_after_s=PEER_DUMP_GRACE_S)
+                    if action is None:
+                        continue
+                    return action
                 return self._on_hang(round_index, hung)
             started = all(t.last_step >= 0 for t in self._tails.values())
             self._breakpoint_tick(restored=started)
@@ -578,7 +602,53 @@ class ElasticAgent:
                     self._tails[w.rank].read()
         failures = [WorkerFailure.exited(rank=w.rank, local_rank=w.local_rank, exit_code=code,
                                          exception=self._tails[w.rank].exception) for w, code in failed]
+        if self.job.failure.live_recovery and not early:
+            return self._report_live(round_index, [w for w, _ in failed], failures)
         return self._report_failures(round_index, failures)
+
+    def _report_live(self, round_index: int, failed: list[WorkerProcess], failures: list[WorkerFailure], *,
+                     stop_after_s: float | None = None) -> Action | None:
+        """Report failed (or frozen) workers without stopping the others first: the master
+        may answer ``replace`` (the survivors go on, only these restart, as joiners of the
+        running world); ``None`` then. Otherwise stop every worker (``stop_after_s`` later:
+        see :meth:`_on_hang`) and return the master's order."""
+        self._heartbeat(round_index)  # forward the last progress before the failure
+        answer = self._heed(self.client.failure(FailureReport(node_id=self.node_id, round=round_index,
+                                                              failures=tuple(failures), token=self._token)))
+        if answer.action == Action.REPLACE and not self._stop.is_set():
+            self._replace(round_index, failed)
+            return None
+        if stop_after_s is not None:
+            self._stop.wait(stop_after_s)
+        self._stop_workers()
+        self._save_at_breakpoint()
+        return Action.STOP if answer.action == Action.STOP else Action.RESTART
+
+    def _replace(self, round_index: int, failed: list[WorkerProcess]) -> None:
+        """Start a replacement for each failed worker in its slot (a warm standby when one
+        is ready); it joins the running world with its peers' live state."""
+        world = self._world
+        assert world is not None
+        round_dir = self.node_dir / f"round_{world.round}"
+        argv = worker_argv(self.job)
+        kill_trees([w for w in failed if w.poll() is None], grace_s=0.0)  # a frozen one
+        for old in failed:
+            self._replacements += 1
+            rank, local_rank = old.rank, old.local_rank
+            progress = round_dir / f"progress_rank{rank}_r{self._replacements}.jsonl"
+            env = {**os.environ, **worker_env(
+                self.job, job_id=self.job_id, node_id=self.node_id, world=world, local_rank=local_rank,
+                master_addr=self.client.addr, accelerator=self.accelerator, progress_file=str(progress),
+                log_dir=str(self.log_dir), agent_pid=os.getpid(), agent_token=self.token,
+            ), "DLROVER_STACK_FILE": str(self.hangs.stack_file(world.round, rank)), env_names.LIVE_JOIN: "1"}
+            worker = WorkerProcess(rank=rank, local_rank=local_rank, argv=argv, env=env, cwd=self.job.workdir,
+                                   log_file=self.node_dir / f"rank_{rank}.log", echo=self.echo,
+                                   standby=self._take_standby())
+            with self._state_lock:
+                self.workers[self.workers.index(old)] = worker
+                self._tails[rank] = ProgressTail(progress, started=time.monotonic())
+            log.info("worker_replaced", node_id=self.node_id, round=round_index, rank=rank, local_rank=local_rank,
+                     old_pid=old.pid, pid=worker.pid, warm=worker.warm)
 
     def _report_late_exceptions(self, round_index: int) -> None:
         """Workers that died of an exception while the master's restart order was on its way

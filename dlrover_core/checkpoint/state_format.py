@@ -72,11 +72,13 @@ def flatten(state: Any) -> tuple[Any, dict[str, Any]]:
 
 
 def unwrap_module(obj: Any) -> Any:
-    """The module inside a ``DistributedDataParallel`` wrapper (else ``obj`` itself), so
+    """The module inside a ``DistributedDataParallel`` wrapper, or a wrapper class that says
+    ``dlrover_wrapper = True`` (the live world's ``ReplicatedModule``), else ``obj`` itself, so
     that a checkpoint's keys do not depend on whether the world that saved it had one
     process (no wrapper) or many (keys prefixed ``module.``)."""
     ddp = _ddp_type()
-    return obj.module if ddp is not None and isinstance(obj, ddp) else obj
+    wrapped = (ddp is not None and isinstance(obj, ddp)) or getattr(type(obj), "dlrover_wrapper", False)
+    return obj.module if wrapped else obj
 
 
 def _ddp_type() -> Any:

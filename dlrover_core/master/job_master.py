@@ -71,6 +71,7 @@ from dlrover_core.master.checkpoints import CheckpointCoordinator
 from dlrover_core.master.failures import DeterministicErrorDetector, before_first_step, describe, failure_record
 from dlrover_core.master.goodput import GoodputTracker
 from dlrover_core.master.journal import Journal
+from dlrover_core.master.live import LiveWorld
 from dlrover_core.master.node_check import NodeChecks
 from dlrover_core.master.nodes import NodeRecord, NodeTable, plural
 from dlrover_core.master.rendezvous import RendezvousManager, Round
@@ -87,6 +88,8 @@ from dlrover_core.protocol.messages import (
     HeartbeatAnswer,
     Join,
     Joined,
+    LiveAssignment,
+    LiveReform,
     NodeCheckReport,
     NodeRelaunch,
     Poll,
@@ -127,6 +130,12 @@ _BACKPRESSURE_EVENT_S = 0.05
 #: Seconds the restart ordered by an exception raised before the first step waits for the
 #: other ranks' reports: when they all raised the same, the job stops instead (the script's error).
 _SCRIPT_ERROR_WAIT_S = 10.0
+#: How long a forming generation of the live world waits for a survivor that neither asked
+#: for its place nor is known dead (seconds); it rejoins later, with its state.
+_LIVE_STRAGGLER_S = 30.0
+#: Strategies whose training state every data-parallel rank holds whole (a live peer can
+#: give it to a replacement); any other (``fsdp``, ``mesh``, ``auto``) restarts every worker.
+_REPLICATED_STRATEGIES = frozenset({"ddp", "amp", "compile", "activation_checkpoint"})
 
 
 class JobMaster:
@@ -205,6 +214,10 @@ class JobMaster:
         self._held: tuple[int, float, int] | None = None  # (round, until, node): a restart awaiting a verdict
         self._whole_rounds_from = 0  # rounds this master heard from their start (a restored one: the next)
         self._last_token = 0  # the newest fencing token given to an agent
+        self.live: LiveWorld | None = None  # the running round's live world (DESIGN §5a)
+        self.live_why = self._live_blocker()  # why failures restart every worker ("": they need not)
+        self._live_told = 0  # transitions of the live world already turned into events
+        self._not_live_why = ""  # why the last failure restarted every worker instead
         self.started = clock()
         self.ended: float | None = None
         self.checkpoints = (
@@ -531,6 +544,8 @@ class JobMaster:
             return
         if round_index < self._whole_rounds_from:
             return  # a master that died heard part of this round's saves (heartbeats are not journaled)
+        if self.live is not None and self.live.round == round_index and self.live.generation > 0:
+            return  # ranks changed hands in the live world: a rank's saves and steps span processes
         for rank, saved in saves.items():
             self.checkpoints.note_saves(round_index, rank, saved)
         for rank, step in steps.items():
@@ -559,6 +574,8 @@ class JobMaster:
                            or round_index != current.index)
             held = not consequence and self._held is not None and self._held[0] == round_index
             script = bool(failures) and all(before_first_step(f.exception) for f in failures)
+            replaced = False
+            self._not_live_why = ""
             world = current.world_size if current is not None else 0
             verdicts = [self._errors.record(round_index, world, f.rank, f.exception) for f in failures]
             verdict = next(((v, f.exception) for v, f in zip(verdicts, failures, strict=True) if v), None)
@@ -570,6 +587,9 @@ class JobMaster:
                     self._release_held()
             elif verdict is not None:  # every rank of the round reported the same error in this call
                 action = "stopped the job: the error is not retryable"
+            elif not script and (live_action := self._live_failure(node, round_index, failures)) is not None:
+                action = live_action
+                replaced = True
             else:
                 node.failures += 1
                 silent = max((f.silent_s for f in failures), default=0.0)
@@ -584,7 +604,8 @@ class JobMaster:
                     else:
                         self._order_restart(round_index)
                         action = (f"restarted all workers (round {self.required_round}, "
-                                  f"restart {self.restarts}/{self.job.failure.max_restarts})")
+                                  f"restart {self.restarts}/{self.job.failure.max_restarts})"
+                                  + (f"; not live: {self._not_live_why}" if self._not_live_why else ""))
                 else:
                     last = failures[-1]
                     reason = (f"restart budget exhausted (failure.max_restarts={self.job.failure.max_restarts}) "
@@ -598,6 +619,9 @@ class JobMaster:
                 rec = failure_record(f, time_s=self._now(), round_index=round_index, node_id=node_id,
                                      step=self.goodput.last_step, last_committed_step=self.goodput.last_committed_step,
                                      action=action)
+                if counted and not self.state.is_terminal:
+                    rec = attrs.evolve(rec, recovery="live" if replaced else (
+                        "restart_all" if round_index < self.required_round or self._held is not None else ""))
                 self.failures.append((rec, counted))
                 log.warning("worker_failed", node_id=node_id, rank=rec.rank, kind=rec.kind, detail=rec.detail,
                             step=rec.step, action=action)
@@ -616,10 +640,12 @@ class JobMaster:
                 self._finish(JobState.FAILED, (
                     f"not retryable: every rank raised {exc.exc_type}: {exc.message} {when}; "
                     f"restarting cannot help.\n{exc.traceback}").rstrip())
-            elif (counted and not self.state.is_terminal and self._held is None
+            elif (counted and not replaced and not self.state.is_terminal and self._held is None
                   and node.failures >= self.job.failure.max_node_failures):
                 self._exclude(node, f"it failed {node.failures} times (failure.max_node_failures="
                                     f"{self.job.failure.max_node_failures})")
+            if replaced and not self.state.is_terminal:
+                return ActionAnswer(action=Action.REPLACE)
             return ActionAnswer(action=self._action(round_index, node))
 
     def _order_restart(self, round_index: int) -> None:
@@ -627,6 +653,7 @@ class JobMaster:
         by the caller)."""
         self.required_round = round_index + 1
         self.rdzv.open_round()
+        self._close_live("every worker restarts")
         self._decided("restart_decided")
 
     def _release_held(self) -> None:
@@ -746,6 +773,7 @@ class JobMaster:
             return
         self.required_round = rnd.index + 1
         self.rdzv.open_round()
+        self._close_live(why)
         log.info("membership_changed", round=self.required_round, reason=why)
         self._event("membership_changed", round=self.required_round, from_nodes=len(rnd.node_ids),
                     to_nodes=len(self.nodes.live()), reason=why)
@@ -819,6 +847,7 @@ class JobMaster:
             del self._stores[old]  # drop the server of rounds long gone
         self._succeeded_nodes = set()
         self.required_round = rnd.index
+        self._open_live(rnd, port, store)
         if self.state == JobState.PENDING:
             self.state = JobState.RUNNING
         self.goodput.round_completed(self._clock(), self.started)
@@ -827,6 +856,86 @@ class JobMaster:
         self._event("rendezvous_completed", round=rnd.index, node_ids=list(rnd.node_ids), world_size=rnd.world_size)
         self._decided("round_formed")
         return rnd
+
+    # ----- recovery without stopping (DESIGN §5a) ------------------------------------------
+
+    def _live_blocker(self) -> str:
+        """Why this job's failures restart every worker (``""``: survivors can go on)."""
+        if not self.job.failure.live_recovery:
+            return "failure.live_recovery=False"
+        if self.job.parallel is not None:
+            for name, _ in self.job.parallel.strategies:
+                if name not in _REPLICATED_STRATEGIES:
+                    return (f"parallel strategy {name!r} shards the training state, so no live peer holds a "
+                            "failed worker's part; every worker restarts from a checkpoint")
+        return ""
+
+    def _open_live(self, rnd: Round, port: int, store: Any) -> None:
+        if self.live is not None:
+            self.live.close(f"round {rnd.index} started")
+        self.live, self._live_told = None, 0
+        if self.live_why or store is None or not hasattr(store, "set"):
+            return
+        members = [(nid, lr) for nid, n in zip(rnd.node_ids, rnd.nproc, strict=True) for lr in range(n)]
+        self.live = LiveWorld(round_index=rnd.index, members=members, store_host=self.store_host, store_port=port,
+                              set_key=lambda key: store.set(key, "1"), clock=self._clock,
+                              straggler_timeout_s=_LIVE_STRAGGLER_S)
+
+    def _close_live(self, why: str) -> None:
+        if self.live is not None and not self.live.closed:
+            self.live.close(why)
+
+    def live_reform(self, message: LiveReform) -> LiveAssignment:
+        """A worker asks for its place in the live world's next generation (or says it is
+        ready to be re-formed): see :mod:`~dlrover_core.master.live`."""
+        with self._batch():
+            if self.state.is_terminal:
+                return LiveAssignment(state="stop", reason=f"the job ended {self.state.value}")
+            live = self.live
+            if live is None or live.round != message.round or message.round < self.required_round:
+                return LiveAssignment(state="restart", reason=self.live_why or "every worker restarts into a new round")
+            answer = live.reform(message)
+            self._live_progress()
+            return answer
+
+    def _live_progress(self) -> None:
+        """Turn newly formed generations into events; a new generation's ranks save anew."""
+        live = self.live
+        if live is None:
+            return
+        for t in live.transitions[self._live_told:]:
+            self._event("live_reformed", round=live.round, generation=t.generation, world_size=t.world_size,
+                        reason=t.reason, wait_s=round(t.time - t.opened, 4))
+        self._live_told = len(live.transitions)
+
+    def _live_failure(self, node: NodeRecord, round_index: int, failures: Sequence[WorkerFailure]) -> str | None:
+        """Replace the failed workers while the others go on, if the live world allows it;
+        returns the action taken (``None``: restart every worker instead, and why is logged)."""
+        live = self.live
+        self._not_live_why = self.live_why
+        if live is None or live.round != round_index:
+            return None
+        if any(f.local_rank is None for f in failures):
+            why = "a node failed (not only workers)"
+        elif self.restarts >= self.job.failure.max_restarts:
+            return None
+        else:
+            for f in failures:
+                live.worker_died((node.node_id, int(f.local_rank)))  # type: ignore[arg-type]
+            why = live.can_go_on()
+        if why:
+            live.close(why)
+            self._not_live_why = why
+            log.info("live_recovery_unavailable", round=round_index, reason=why)
+            self._event("live_recovery_unavailable", round=round_index, reason=why)
+            return None
+        self.restarts += 1
+        node.failures += 1
+        self._live_progress()
+        survivors = len(live.survivors())
+        ranks = ", ".join(str(f.rank) for f in failures)
+        return (f"live: {survivors} survivor(s) go on; rank {ranks} replaced, rejoining with their state "
+                f"(restart {self.restarts}/{self.job.failure.max_restarts})")
 
     def _need_live_count(self) -> bool:
         """Whether the round being formed could complete early because every live node
@@ -901,6 +1010,7 @@ class JobMaster:
             return
         self.required_round = rnd.index + 1
         self.rdzv.open_round()
+        self._close_live(f"the job grows to {bigger} nodes")
         log.info("membership_changed", round=self.required_round, nodes=len(rnd.node_ids), to=bigger, waiting=waiting)
         self._event("membership_changed", round=self.required_round, from_nodes=len(rnd.node_ids), to_nodes=bigger,
                     waiting=waiting)
@@ -913,6 +1023,9 @@ class JobMaster:
             if self.state.is_terminal:
                 return
             self._try_complete()
+            if self.live is not None:
+                self.live.tick()
+                self._live_progress()
             now = self._clock()
             if self._held is not None and now > self._held[1]:
                 self._release_held()

@@ -20,6 +20,7 @@ the field; fields the master does not know (from a newer peer) are ignored.
 ``POST /v1/checkpoint_error`` ``CheckpointErrorReport{node_id, rank, step, error, fatal}`` → ``{action}``
 ``POST /v1/restore_plan``   ``RestorePlanRequest{round, rank, world_size, memory}`` → ``RestoreDecision{state, source, step}``
 ``POST /v1/restore_verify`` ``RestoreVerify{round, rank, world_size, step, ok, error}`` → ``RestoreVerifyAnswer{state, step}``
+``POST /v1/live_reform``    ``LiveReform{node_id, local_rank, pid, round, generation, step, reason}`` → ``LiveAssignment{state, generation, rank, world_size, ...}``
 ``GET  /v1/status``         ``MasterStatus`` (live status with the node table)
 ``GET  /v1/result``         ``JobResult``
 ==========================  ===========================================================

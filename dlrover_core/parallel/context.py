@@ -39,6 +39,8 @@ class ParallelContext:
             on overflow across ranks.
         applied: names of the strategies applied so far, in order.
         device_mb: per-worker device memory override (MiB) for ``auto``; ``None``: probe.
+        live: the job re-forms its world without stopping (``Failure(live_recovery=True)``
+            under a dlrover agent): ``ddp`` returns a model whose wrapper can be rebuilt.
     """
 
     info: Any
@@ -48,6 +50,7 @@ class ParallelContext:
     sharded: bool = False
     applied: list[str] = attrs.field(factory=list)
     device_mb: float | None = None
+    live: bool = False
     _optimizer_hooks: list[tuple[str, Callable[[Any], Any]]] = attrs.field(factory=list, init=False)
     _current: str = attrs.field(default="", init=False)
     _index: int | None = attrs.field(default=None, init=False)

@@ -36,6 +36,8 @@ from dlrover_core.protocol.messages import (
     HeartbeatAnswer,
     Join,
     Joined,
+    LiveAssignment,
+    LiveReform,
     NodeCheckReport,
     Poll,
     Register,
@@ -153,6 +155,10 @@ class MasterClient:
     def restore_verify(self, message: RestoreVerify) -> RestoreVerifyAnswer:
         """Report a rank's check of its shard of a storage step."""
         return self._exchange("restore_verify", message, RestoreVerifyAnswer)
+
+    def live_reform(self, message: LiveReform) -> LiveAssignment:
+        """Ask for a worker's place in the live world's next generation (or say it is ready)."""
+        return self._exchange("live_reform", message, LiveAssignment)
 
     def status(self) -> MasterStatus:
         """The master's live status."""

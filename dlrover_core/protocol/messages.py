@@ -19,7 +19,8 @@ Endpoints (request → answer; the sender in each class's docstring): ``register
 (:class:`CheckpointErrorReport`) — these six answered with :class:`ActionAnswer` —,
 ``checkpoint_shard`` (:class:`ShardReport` → :class:`ShardAnswer`), ``restore_plan``
 (:class:`RestorePlanRequest` → :class:`RestoreDecision`), ``restore_verify``
-(:class:`RestoreVerify` → :class:`RestoreVerifyAnswer`), and the GETs ``status``
+(:class:`RestoreVerify` → :class:`RestoreVerifyAnswer`), ``live_reform`` (a worker's
+:class:`LiveReform` → :class:`LiveAssignment`: recovery without stopping), and the GETs ``status``
 (:class:`~dlrover_core.protocol.status.MasterStatus`) and ``result``
 (:class:`~dlrover_core.protocol.result.JobResult`).
 
@@ -52,6 +53,8 @@ __all__ = [
     "HeartbeatAnswer",
     "Join",
     "Joined",
+    "LiveAssignment",
+    "LiveReform",
     "NodeCheckReport",
     "NodeCheckResult",
     "NodeRelaunch",
@@ -81,6 +84,9 @@ class Action(str, enum.Enum):
     RESTART = "restart"
     #: the job is over for you (it ended, your node was excluded, or you were replaced): stop and exit
     STOP = "stop"
+    #: the failed workers are replaced while the others keep training: start only those,
+    #: as joiners of the running world (recovery without stopping, DESIGN §5a)
+    REPLACE = "replace"
 
     def __str__(self) -> str:
         return self.value
@@ -636,6 +642,70 @@ class RestoreVerifyAnswer:
     reason: str = ""
 
 
+# ----- recovery without stopping (worker <-> master) -----------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class LiveReform:
+    """A worker asks for its place in the next generation of the live world (worker →
+    master, ``/v1/live_reform``; asked again until the answer is ``ready``).
+
+    A *generation* is one process group of the running round: generation 0 is the round's
+    own; each failure or rejoin makes the next, of the workers still alive (DESIGN §5a).
+
+    Attributes:
+        node_id: the worker's node.
+        local_rank: its rank on the node (``(node_id, local_rank)`` names a worker slot).
+        pid: its process id (a replacement in the same slot has another).
+        round: the rendezvous round it runs in.
+        generation: the generation it ran in last (``-1``: a replacement that has none yet).
+        step: the last step whose optimizer update it applied (``-1``: none).
+        reason: ``"ready"`` (it trains inside ``train.steps()`` and can be re-formed: no
+            wait, the answer says ``ready`` at once), ``"error"`` (a collective failed),
+            ``"grow"`` (the generation ends at this step boundary for a joiner), ``"join"``
+            (a replacement waits to join) or ``"done"`` (it finished the last step).
+        error: with ``error``: the collective's error message.
+    """
+
+    node_id: int
+    local_rank: int
+    pid: int
+    round: int
+    generation: int
+    step: int = -1
+    reason: str = "error"
+    error: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class LiveAssignment:
+    """The answer to :class:`LiveReform`.
+
+    Attributes:
+        state: ``"waiting"`` (ask again), ``"ready"`` (the generation formed: join its
+            process group), ``"restart"`` (the live world cannot go on: exit, the agent
+            restarts every worker from a checkpoint), ``"finished"`` (the members finished
+            training: a replacement has nothing left to join) or ``"stop"`` (the job ended).
+        generation: the new generation.
+        rank, world_size: the worker's place in it.
+        store_host, store_port: the round's TCPStore; the generation's keys are under ``prefix``.
+        prefix: the generation's store prefix (``"live/<generation>/"``).
+        grow_key: the key (under no prefix) that the master sets when a replacement waits
+            to join this generation: the workers end it at the next step boundary.
+        reason: why (``restart``, ``stop``).
+    """
+
+    state: str
+    generation: int = 0
+    rank: int = 0
+    world_size: int = 0
+    store_host: str = ""
+    store_port: int = 0
+    prefix: str = ""
+    grow_key: str = ""
+    reason: str = ""
+
+
 # ----- the endpoint table -------------------------------------------------------------------------
 
 
@@ -672,6 +742,7 @@ ENDPOINTS: dict[str, Endpoint] = {e.name: e for e in (
     Endpoint(name="checkpoint_error", request=CheckpointErrorReport, answer=ActionAnswer, fenced=True),
     Endpoint(name="restore_plan", request=RestorePlanRequest, answer=RestoreDecision),
     Endpoint(name="restore_verify", request=RestoreVerify, answer=RestoreVerifyAnswer),
+    Endpoint(name="live_reform", request=LiveReform, answer=LiveAssignment),
     Endpoint(name="status", request=None, answer=MasterStatus),
     Endpoint(name="result", request=None, answer=JobResult),
 )}

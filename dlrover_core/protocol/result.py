@@ -31,6 +31,10 @@ class FailureRecord:
         restored_from: ``"storage"``, ``"memory"`` or ``None``.
         kind: ``"signal"``, ``"exit"``, ``"exception"``, ``"hang"`` or ``"node_lost"``.
         detail: the failure in words (``"SIGKILL"``, ``"ValueError: ... at step 17"``).
+        recovery: the path taken: ``"live"`` (the survivors went on, the failed workers were
+            replaced and rejoined with their live state), ``"restart_all"`` (every worker
+            restarted from a checkpoint; ``action`` says why not live), or ``""`` (no action:
+            a consequence of an earlier failure, or the job stopped).
     """
 
     time_s: float
@@ -47,6 +51,7 @@ class FailureRecord:
     restored_from: str | None = None
     kind: str = "exit"
     detail: str = ""
+    recovery: str = ""
 
 
 @attrs.frozen(kw_only=True)

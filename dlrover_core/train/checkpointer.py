@@ -71,7 +71,7 @@ from dlrover_core.protocol.messages import (
 )
 from dlrover_core.spec import Checkpoint
 from dlrover_core.storage.base import CheckpointStorage
-from dlrover_core.train.context import current_job, worker_info
+from dlrover_core.train.context import current_job, is_joiner, is_live, worker_info
 from dlrover_core.train.progress import get_writer
 from dlrover_core.train.restore import reshard, restore_tree, shards_differ, without_rng
 
@@ -364,6 +364,9 @@ class Checkpointer:
             CheckpointError: no committed step is intact, or the checkpoint lacks a key of
                 ``state``.
         """
+        if is_live() and is_joiner():  # its state comes from a live peer, in train.steps()
+            log.info("checkpoint_load_skipped", reason="a replacement joins the running world with its peers' state")
+            return None
         t0 = time.monotonic()
         rank, world_size = _rank_world()
         plan = self._plan(rank, world_size)

@@ -12,7 +12,7 @@ import attrs
 from dlrover_core import env
 from dlrover_core.spec import JobSpec
 
-__all__ = ["WorkerInfo", "current_job", "worker_info"]
+__all__ = ["WorkerInfo", "current_job", "is_joiner", "is_live", "worker_info"]
 
 
 @attrs.frozen(kw_only=True)
@@ -50,6 +50,12 @@ class WorkerInfo:
         """Whether a dlrover agent (or torchrun) started this process."""
         return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
+    @property
+    def is_joiner(self) -> bool:
+        """Whether this worker replaces a failed one: ``train.steps()`` gives it its rank and
+        its live peers' state (``rank`` and ``world_size`` here are its slot's at round start)."""
+        return is_live() and is_joiner()
+
 
 def worker_info() -> WorkerInfo:
     """Read the worker's place from the environment (a one-process world when absent)."""
@@ -76,3 +82,17 @@ def current_job() -> JobSpec | None:
     if not raw:
         return None
     return JobSpec.from_dict(json.loads(raw))
+
+
+def is_live() -> bool:
+    """Whether this worker can be re-formed without stopping (``train.steps()``): launched by
+    a dlrover agent for a Job with ``Failure(live_recovery=True)``."""
+    job = current_job()
+    return (job is not None and job.failure.live_recovery and bool(os.environ.get(env.MASTER_ADDR))
+            and "RANK" in os.environ)
+
+
+def is_joiner() -> bool:
+    """Whether this worker replaces a failed one and joins the running world (its agent set
+    ``DLROVER_LIVE_JOIN``): it takes its state from a live peer, not from a checkpoint."""
+    return os.environ.get(env.LIVE_JOIN) == "1"

@@ -8,13 +8,14 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 
 import attrs
 
 from dlrover_core import env
 from dlrover_core.logging import get_logger
 from dlrover_core.plugins import get_host
-from dlrover_core.train.context import WorkerInfo, current_job, worker_info
+from dlrover_core.train.context import WorkerInfo, current_job, is_joiner, is_live, worker_info
 from dlrover_core.train.progress import get_writer, install_excepthook
 
 __all__ = ["init"]
@@ -22,6 +23,11 @@ __all__ = ["init"]
 log = get_logger()
 
 _info: WorkerInfo | None = None
+#: The client of the round's TCPStore (``None`` before ``init()``, or outside a launched job).
+_store: Any = None
+_store_addr: tuple[str, int] | None = None
+_backend: str = "gloo"
+_timeout_s: float = 300.0
 
 
 def _watch_parent(pid: int) -> None:
@@ -74,12 +80,15 @@ def init(*, timeout_s: float | None = None) -> WorkerInfo:
     info = attrs.evolve(info, accelerator=accelerator.name, device=accelerator.device_for(info.local_rank))
     if info.device.type != "cpu":
         getattr(torch, info.device.type).set_device(info.device)
-    if not dist.is_initialized():
+    global _backend, _timeout_s
+    _backend, _timeout_s = accelerator.dist_backend, timeout_s
+    if is_live() and is_joiner():
+        # a replacement joins the running world in train.steps(), once it is ready (its
+        # model and optimizer built): its rank and world size come from that generation
+        pass
+    elif not dist.is_initialized():
         if info.is_launched:
-            store = dist.TCPStore(
-                os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                is_master=False, timeout=timeout, use_libuv=True,
-            )
+            store = round_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
         else:
             store = dist.HashStore()
         dist.init_process_group(
@@ -96,3 +105,33 @@ def init(*, timeout_s: float | None = None) -> WorkerInfo:
     log.debug("worker_initialised", rank=info.rank, world_size=info.world_size, backend=accelerator.dist_backend)
     _info = info
     return info
+
+
+def round_store(host: str, port: int) -> Any:
+    """The client of the round's TCPStore at ``host:port`` (one per process, reused by every
+    generation of the live world)."""
+    global _store, _store_addr
+    import torch.distributed as dist  # heavy: torch
+
+    if _store is None or _store_addr != (host, port):
+        _store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=_timeout_s),
+                               use_libuv=True)
+        _store_addr = (host, port)
+    return _store
+
+
+def backend() -> str:
+    """The process group backend ``init()`` chose (the accelerator's)."""
+    return _backend
+
+
+def collective_timeout_s() -> float:
+    """The collective timeout ``init()`` used (seconds)."""
+    return _timeout_s
+
+
+def set_place(*, rank: int, world_size: int) -> None:
+    """A new generation of the live world gave this worker another place."""
+    global _info
+    if _info is not None:
+        _info = attrs.evolve(_info, rank=rank, world_size=world_size)

@@ -41,6 +41,8 @@ class ProgressWriter:
     """Appends progress records to a file (or drops them when ``path`` is None)."""
 
     def __init__(self, path: str | None) -> None:
+        #: the rank this process holds now (the live world changes it)
+        self.rank = int(os.environ.get("RANK", "0"))
         self.path = path
         self._file = open(path, "a", buffering=1) if path else None  # line-buffered
         self._lock = threading.Lock()
@@ -79,7 +81,7 @@ class ProgressWriter:
         dt = now - self._mark
         self._mark = now
         clean = {k: _to_float(k, v) for k, v in metrics.items()}
-        self.write({"type": "step", "step": int(step), "dt": round(dt, 6), "t": time.time(),
+        self.write({"type": "step", "step": int(step), "rank": self.rank, "dt": round(dt, 6), "t": time.time(),
                     "metrics": {k: (v if math.isfinite(v) else str(v)) for k, v in clean.items()}})
         return dt
 

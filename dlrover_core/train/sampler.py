@@ -72,6 +72,8 @@ class ElasticSampler:
         self.dataset_size, self.batch_size = dataset_size, batch_size
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.rank, self.world_size = rank, world_size
+        #: samples per step, job-wide: kept when the live world shrinks or grows
+        self.global_batch_size = world_size * batch_size
         self.epoch = 0
         self.consumed = 0
         self._order: list[int] | None = None
@@ -101,7 +103,7 @@ class ElasticSampler:
         ``[]`` in an epoch's last step when ``drop_last`` is false and fewer samples than
         ranks remain: it still takes part in that step.
         """
-        step_size = self.world_size * self.batch_size
+        step_size = self.global_batch_size
         if self._epoch_ended:
             self.set_epoch(self.epoch + 1)
         remaining = self.dataset_size - self.consumed
@@ -111,6 +113,18 @@ class ElasticSampler:
         window = self._permutation()[self.consumed : self.consumed + step_size]
         self.consumed += len(window)
         return window[self.rank :: self.world_size]
+
+    def set_world(self, rank: int, world_size: int) -> None:
+        """Follow a new world (``train.steps()`` calls it when the live world re-forms): the
+        global batch stays ``global_batch_size``, so each rank's share is about
+        ``global_batch_size / world_size`` (accumulate over micro-batches to keep memory flat).
+
+        Raises:
+            ValueError: ``rank`` is not in ``[0, world_size)``.
+        """
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+        self.rank, self.world_size = rank, world_size
 
     def __iter__(self) -> Iterator[list[int]]:
         """Batches of the rest of the current epoch (of the next one, if the current one has

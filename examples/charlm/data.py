@@ -1,4 +1,4 @@
-"""Text corpus and a resumable batch sampler.
+"""Text corpus, its windows, and fixed validation batches.
 
 The default corpus is the source of the Python standard library (present offline on every
 machine that runs Python). Any text file can be used instead (``--data``).
@@ -48,43 +48,17 @@ def _tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
-class WindowSampler:
-    """Yields batches of ``block_size + 1``-byte windows of ``data`` for one rank.
+def n_windows(data: torch.Tensor, block_size: int) -> int:
+    """How many non-overlapping ``block_size + 1``-byte windows ``data`` holds."""
+    return (len(data) - 1) // (block_size + 1)
 
-    Each epoch shuffles the window starts (non-overlapping windows) with a generator seeded by
-    ``seed + epoch``; rank ``r`` of ``world_size`` takes every ``world_size``-th window. The
-    position (``epoch``, ``index``) is saved by ``state_dict`` so a resumed run continues
-    with exactly the batches it would have seen.
-    """
 
-    def __init__(self, data: torch.Tensor, *, block_size: int, batch_size: int, rank: int, world_size: int,
-                 seed: int) -> None:
-        self.data, self.block_size, self.batch_size = data, block_size, batch_size
-        self.rank, self.world_size, self.seed = rank, world_size, seed
-        self.n_windows = (len(data) - 1) // (block_size + 1)
-        self.epoch, self.index = 0, 0
-        self._order = self._permutation()
-
-    def _permutation(self) -> torch.Tensor:
-        g = torch.Generator().manual_seed(self.seed + self.epoch)
-        return torch.randperm(self.n_windows, generator=g)[self.rank :: self.world_size]
-
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(x, y)``: int64 ``[batch, block]`` inputs and next-byte targets."""
-        if self.index + self.batch_size > len(self._order):
-            self.epoch, self.index = self.epoch + 1, 0
-            self._order = self._permutation()
-        starts = self._order[self.index : self.index + self.batch_size] * (self.block_size + 1)
-        self.index += self.batch_size
-        windows = torch.stack([self.data[s : s + self.block_size + 1] for s in starts.tolist()]).long()
-        return windows[:, :-1], windows[:, 1:]
-
-    def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "index": self.index}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.index = int(state["epoch"]), int(state["index"])
-        self._order = self._permutation()
+def windows(data: torch.Tensor, ids: list[int], block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x, y)`` for window indices ``ids``: int64 ``[len(ids), block_size]`` inputs and
+    next-byte targets."""
+    starts = torch.tensor(ids, dtype=torch.long) * (block_size + 1)
+    w = torch.stack([data[s : s + block_size + 1] for s in starts.tolist()]).long()
+    return w[:, :-1], w[:, 1:]
 
 
 def val_batches(val: torch.Tensor, *, block_size: int, batch_size: int, n_batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -8,6 +8,7 @@ trains in one process. Every rank calls ``train.report`` each step and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import math
 import sys
@@ -18,7 +19,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from data import WindowSampler, load_corpus, val_batches  # noqa: E402
+from data import load_corpus, n_windows, val_batches, windows  # noqa: E402
 from model import CharLM, loss_fn  # noqa: E402
 
 from dlrover_core import train  # noqa: E402
@@ -55,6 +56,11 @@ def evaluate(model: torch.nn.Module, batches: list, rank: int, world_size: int) 
     return float(total[0] / total[1])
 
 
+def no_sync(model: torch.nn.Module):
+    """Accumulate gradients without DDP's all-reduce (a no-op on one process)."""
+    return model.no_sync() if hasattr(model, "no_sync") else contextlib.nullcontext()
+
+
 def params_sha256(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for name, t in sorted(model.state_dict().items()):
@@ -79,8 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
-    sampler = WindowSampler(train_data, block_size=args.block_size, batch_size=args.batch_size,
-                            rank=info.rank, world_size=info.world_size, seed=args.seed)
+    # every window of the corpus once per epoch, job-wide: the global batch (world size x
+    # --batch-size) stays the same when the world shrinks or grows (DESIGN §5a)
+    sampler = train.ElasticSampler(n_windows(train_data, args.block_size), args.batch_size, seed=args.seed)
     val = val_batches(val_data, block_size=args.block_size, batch_size=args.batch_size, n_batches=args.eval_batches)
     torch.manual_seed(args.seed + 1 + info.rank)  # dropout masks differ per rank
 
@@ -89,36 +96,51 @@ def main(argv: list[str] | None = None) -> int:
     restored = ckpt.load(state)
     start = restored.step + 1 if restored else 0
     first_metrics: dict[str, float] = {}
-    if restored is None:
+    if restored is None and not train.worker_info().is_joiner:
         first_metrics["initial_val_loss"] = evaluate(model, val, info.rank, info.world_size)
         if info.rank == 0:
             print(f"charlm: {n_params / 1e6:.2f}M parameters, {len(train_data) / 1e6:.1f} MB train / "
                   f"{len(val_data) / 1e6:.2f} MB val, world size {info.world_size}; "
                   f"initial val loss {first_metrics['initial_val_loss']:.4f}", flush=True)
-    elif info.rank == 0:
+    elif restored is not None and info.rank == 0:
         print(f"charlm: resumed at step {start} from a checkpoint ({restored.source})", flush=True)
 
-    for step in range(start, args.steps):
-        x, y = sampler.next_batch()
-        loss = loss_fn(model(x), y)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        scheduler.step()
-        metrics = {"loss": loss.item(), "lr": scheduler.get_last_lr()[0], **first_metrics}
-        first_metrics = {}
-        last = step == args.steps - 1
-        if (step + 1) % args.eval_every == 0 or last:
-            metrics["val_loss"] = evaluate(model, val, info.rank, info.world_size)
-            if last:
-                metrics["final_val_loss"] = metrics["val_loss"]
-        train.report(step, **metrics)
-        ckpt.save(step, state, force=last)
-        if info.rank == 0 and (step % args.log_every == 0 or "val_loss" in metrics):
-            extra = f" val_loss {metrics['val_loss']:.4f}" if "val_loss" in metrics else ""
-            print(f"step {step:5d} loss {metrics['loss']:.4f}{extra}", flush=True)
+    for step in train.steps(args.steps, state, start=start):
+        with step:  # a peer dies: this step is discarded, the survivors re-form and go on
+            ids = sampler.next_batch()
+            if ids is None:  # the epoch ended: the next call starts the next one
+                ids = sampler.next_batch()
+            optimizer.zero_grad(set_to_none=True)
+            loss_sum = 0.0
+            chunks = [ids[i : i + args.batch_size] for i in range(0, len(ids), args.batch_size)] or [[]]
+            for j, chunk in enumerate(chunks):  # micro-batches: this rank's share grows when the world shrinks
+                sync = contextlib.nullcontext() if j == len(chunks) - 1 else no_sync(model)
+                with sync:
+                    if not chunk:  # no sample left for this rank in the epoch's last step: a zero gradient
+                        loss = sum(p.sum() for p in model.parameters()) * 0.0
+                        loss.backward()
+                        continue
+                    x, y = windows(train_data, chunk, args.block_size)
+                    loss = loss_fn(model(x), y)
+                    # a global-batch mean: DDP averages over world_size ranks
+                    (loss * (len(chunk) * step.world_size / sampler.global_batch_size)).backward()
+                    loss_sum += loss.item() * len(chunk)
+            optimizer.step()
+            scheduler.step()
+            metrics = {"loss": loss_sum / max(1, len(ids)), "lr": scheduler.get_last_lr()[0], **first_metrics}
+            first_metrics = {}
+            last = step == args.steps - 1
+            if (step + 1) % args.eval_every == 0 or last:
+                metrics["val_loss"] = evaluate(model, val, step.rank, step.world_size)
+                if last:
+                    metrics["final_val_loss"] = metrics["val_loss"]
+            train.report(step, **metrics)
+            ckpt.save(step, state, force=last)
+            if step.rank == 0 and (step % args.log_every == 0 or "val_loss" in metrics):
+                extra = f" val_loss {metrics['val_loss']:.4f}" if "val_loss" in metrics else ""
+                print(f"step {step:5d} loss {metrics['loss']:.4f}{extra} (world size {step.world_size})", flush=True)
 
-    if info.rank == 0 and args.params_hash_file:
+    if (dist.get_rank() if dist.is_initialized() else 0) == 0 and args.params_hash_file:
         Path(args.params_hash_file).write_text(params_sha256(model) + "\n")
     return 0
 

@@ -1,0 +1,204 @@
+"""The live world of a round: its generations of worker process groups (DESIGN §5a).
+
+A rendezvous round starts generation 0: its workers, ranked as the round ranks them. When
+a worker dies, the survivors' collectives fail and each asks for its place in the next
+generation (:class:`~dlrover_core.protocol.messages.LiveReform`, reason ``error``); the
+generation forms as soon as every member not known dead has asked (the agents report
+worker exits), or after ``straggler_timeout_s`` without those that did not ask (they come
+back later as joiners: they still hold their state). A replacement asks with ``join``: the
+master sets the running generation's ``grow_key`` in the round's store, the members end the
+generation at their next step boundary (reason ``grow``) and the next one includes it.
+
+Members that finished the last step say ``done``; a replacement still waiting then is told
+``finished`` (nothing is left to train: it exits 0).
+
+Ranks follow worker slots ``(node_id, local_rank)`` in order, so a world that grows back to
+its full size has the ranks it started with. Not thread-safe: the master holds its lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+from dlrover_core.logging import get_logger
+from dlrover_core.protocol.messages import LiveAssignment, LiveReform
+
+__all__ = ["LiveWorld", "Slot", "Transition"]
+
+log = get_logger()
+
+#: A worker slot: ``(node_id, local_rank)``.
+Slot = tuple[int, int]
+
+
+@attrs.frozen(kw_only=True)
+class Transition:
+    """One generation formed: its number, size, why, and when (master clock seconds)."""
+
+    generation: int
+    world_size: int
+    reason: str
+    time: float
+    opened: float
+
+
+class LiveWorld:
+    """The generations of one round.
+
+    Args:
+        round_index: the round.
+        members: the round's worker slots in rank order (generation 0).
+        store_host, store_port: the round's TCPStore.
+        set_key: sets a key in the round's store (the grow flag).
+        clock: the master's clock (seconds).
+        straggler_timeout_s: how long a forming generation waits for a member that neither
+            asked nor is known dead.
+    """
+
+    def __init__(
+        self,
+        *,
+        round_index: int,
+        members: list[Slot],
+        store_host: str,
+        store_port: int,
+        set_key: Callable[[str], None],
+        clock: Callable[[], float],
+        straggler_timeout_s: float,
+    ) -> None:
+        self.round = round_index
+        self.generation = 0
+        self.members: list[Slot] = list(members)
+        self.store_host, self.store_port = store_host, store_port
+        self._set_key = set_key
+        self._clock = clock
+        self.straggler_timeout_s = straggler_timeout_s
+        self.ready: set[Slot] = set()
+        self.done: set[Slot] = set()  # members that finished the last step
+        self.dead: dict[Slot, int | None] = {}  # member slot -> pid that died (None: unknown)
+        self.arrived: dict[Slot, LiveReform] = {}
+        self.forming_since: float | None = None
+        self._grow_flagged = -1  # the generation whose grow key is set
+        self.closed = ""  # why the live world ended (the round restarts every worker)
+        self.transitions: list[Transition] = []
+        self._placed: dict[Slot, tuple[int, LiveAssignment]] = {}  # slot -> (pid, its newest assignment)
+
+    # ----- what the master asks ------------------------------------------------------------
+
+    def survivors(self) -> list[Slot]:
+        """Members of the running generation not known dead."""
+        return [m for m in self.members if m not in self.dead]
+
+    def can_go_on(self) -> str:
+        """``""`` when the survivors can be re-formed without stopping, else why not."""
+        if self.closed:
+            return self.closed
+        alive = self.survivors()
+        if not alive:
+            return "no worker of the round survived"
+        missing = [m for m in alive if m not in self.ready]
+        if missing:
+            return (f"worker(s) {', '.join(f'node {n} local rank {lr}' for n, lr in missing[:4])} do not loop with "
+                    "train.steps() (or have not reached it yet)")
+        return ""
+
+    def worker_died(self, slot: Slot, pid: int | None = None) -> None:
+        """A member (or a joiner) died: a forming generation does not wait for it."""
+        if slot in self.members:
+            self.dead[slot] = pid
+        waiting = self.arrived.get(slot)
+        if waiting is not None and (pid is None or waiting.pid == pid):
+            del self.arrived[slot]
+        self.ready.discard(slot)
+        self._try_form()
+
+    def close(self, why: str) -> None:
+        """The round restarts every worker: every later question is answered ``restart``."""
+        self.closed = why
+
+    def tick(self) -> None:
+        self._try_form()
+
+    # ----- what workers ask -------------------------------------------------------------
+
+    def reform(self, message: LiveReform) -> LiveAssignment:
+        slot = (message.node_id, message.local_rank)
+        if self.closed:
+            return LiveAssignment(state="restart", reason=self.closed)
+        placed = self._placed.get(slot)
+        if placed is not None and placed[0] == message.pid and placed[1].generation > message.generation:
+            return placed[1]  # asked again after it was placed (or an answer was lost)
+        if message.reason == "done":  # it finished the last step
+            if slot in self.members:
+                self.done.add(slot)
+            return LiveAssignment(state="finished", reason="training finished")
+        if self.done and slot not in self.members:
+            return LiveAssignment(state="finished", reason="training finished before this worker could join")
+        if message.reason == "ready":
+            if message.generation == self.generation and slot in self.members and slot not in self.dead:
+                self.ready.add(slot)
+                return self._assignment(slot)
+            return LiveAssignment(state="restart", reason=f"worker {slot} is not in generation {self.generation}")
+        if slot in self.dead and self.dead[slot] == message.pid:
+            return LiveAssignment(state="restart", reason=f"worker {slot} was declared dead")
+        self.arrived[slot] = message
+        now = self._clock()
+        if message.reason == "join" or slot not in self.members:  # a replacement, or a straggler left out
+            if self._grow_flagged < self.generation:
+                self._grow_flagged = self.generation
+                self._set_key(self.grow_key(self.generation))
+                log.info("live_grow_requested", round=self.round, generation=self.generation, node_id=slot[0],
+                         local_rank=slot[1])
+        elif self.forming_since is None:
+            self.forming_since = now
+        self._try_form()
+        placed = self._placed.get(slot)
+        if placed is not None and placed[0] == message.pid and placed[1].generation > message.generation:
+            return placed[1]
+        return LiveAssignment(state="waiting")
+
+    # ----- forming ------------------------------------------------------------------------
+
+    @staticmethod
+    def grow_key(generation: int) -> str:
+        return f"live/grow/{generation}"
+
+    def _assignment(self, slot: Slot) -> LiveAssignment:
+        return LiveAssignment(
+            state="ready", generation=self.generation, rank=self.members.index(slot), world_size=len(self.members),
+            store_host=self.store_host, store_port=self.store_port, prefix=f"live/{self.generation}/",
+            grow_key=self.grow_key(self.generation))
+
+    def _try_form(self) -> None:
+        if self.closed or not self.arrived:
+            return
+        survivors = self.survivors()
+        came = [m for m in survivors if m in self.arrived]
+        if not came:
+            return  # only joiners wait: the members end the generation at a step boundary
+        now = self._clock()
+        opened = self.forming_since if self.forming_since is not None else now
+        if len(came) < len(survivors) and now - opened < self.straggler_timeout_s:
+            return
+        if len(came) < len(survivors):
+            late = [m for m in survivors if m not in self.arrived]
+            log.warning("live_stragglers_left_out", round=self.round, generation=self.generation + 1, slots=late,
+                        waited_s=round(now - opened, 2))
+        reasons = {m.reason for m in self.arrived.values()}
+        reason = "error" if "error" in reasons else ("grow" if "grow" in reasons or "join" in reasons else "error")
+        new = sorted(self.arrived)
+        self.generation += 1
+        self.members = new
+        self.ready = set(new)  # every one of them asked from inside train.steps()
+        pids = {s: self.arrived[s].pid for s in new}
+        self.dead = {}
+        self.arrived = {}
+        self.forming_since = None
+        for s in new:
+            self._placed[s] = (pids[s], self._assignment(s))
+        self.transitions.append(Transition(generation=self.generation, world_size=len(new), reason=reason, time=now,
+                                           opened=opened))
+        log.info("live_generation_formed", round=self.round, generation=self.generation, world_size=len(new),
+                 reason=reason, wait_s=round(now - opened, 4))

@@ -1,0 +1,439 @@
+"""Recovery without stopping, on the worker's side: ``train.steps()`` (DESIGN §5a).
+
+::
+
+    for step in train.steps(args.steps, state, start=start):   # step is an int
+        with step:                                                 # the step's guard
+            ...forward, backward, optimizer.step(), report, save...
+
+When a peer dies, the collective the worker is in raises ("Connection closed by peer").
+The guard catches it: the worker aborts its process group (so that peers blocked on it fail
+too, instead of waiting for the collective timeout), asks the master for its place in the
+next *generation* of the live world (:class:`~dlrover_core.protocol.messages.LiveReform`),
+joins the new, smaller process group on the round's store under the generation's prefix,
+rebuilds the DDP wrappers ``train.prepare()`` made (:class:`~dlrover_core.parallel.ddp.ReplicatedModule`),
+and goes on. Nothing is reloaded: model, optimizer, LR schedule, RNG and data position stay
+in memory.
+
+Consistency (the step in flight): an optimizer update is *applied* when
+``optimizer.step()`` returned (a post hook records the step). A step whose body failed
+before that is discarded — its data position is rolled back to the step's start — and a
+step some survivors applied (their all-reduce completed before the peer died) is rolled
+forward on the others: after every re-form, the members all-gather their last applied
+step and the lowest rank holding the newest broadcasts its whole state (model, optimizer,
+schedulers, samplers: every ``state`` entry with ``state_dict()``) to the ranks behind.
+The same broadcast gives a replacement (a worker started with ``DLROVER_LIVE_JOIN=1``) the
+live state: it asks to join at start, the master marks the running generation's
+``grow_key`` in the store, rank 0 sees it at the next step boundary (one small all-reduce
+per step carries the decision to every rank) and the world grows back at that boundary.
+Samplers with ``set_world(rank, world_size)`` (:class:`~dlrover_core.train.ElasticSampler`)
+follow the world: the global batch stays the same, so each rank's share grows when the
+world shrinks.
+
+Outside a live-capable dlrover job (``python train.py``, ``Failure(live_recovery=False)``)
+the guard lets every error through and the loop is a plain ``range``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+
+from dlrover_core import env
+from dlrover_core.errors import DLRoverError, MasterUnavailableError
+from dlrover_core.logging import get_logger
+from dlrover_core.parallel.ddp import replicated_modules
+from dlrover_core.protocol.client import MasterClient
+from dlrover_core.protocol.messages import LiveAssignment, LiveReform
+from dlrover_core.train import process_group
+from dlrover_core.train.context import is_joiner, is_live, worker_info
+from dlrover_core.train.progress import get_writer
+
+__all__ = ["LiveRecoveryError", "Step", "is_live", "steps"]
+
+log = get_logger()
+
+#: How often a worker asks the master again while its generation forms (seconds).
+_POLL_S = 0.01
+#: Substrings of the errors gloo and NCCL raise when a peer died or the group was aborted.
+_COLLECTIVE_ERRORS = ("gloo", "nccl", "connection", "closed by peer", "reset by peer", "broken pipe",
+                      "timed out", "aborted", "process group", "processgroup", "socket")
+
+
+class LiveRecoveryError(DLRoverError):
+    """The live world cannot go on (the master ordered every worker to restart, or the job
+    ended); the worker exits and its agent does what the master said."""
+
+
+def is_collective_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is what a collective raises when a peer died or the group was aborted."""
+    try:
+        import torch.distributed as dist  # heavy: torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return False
+    if isinstance(exc, getattr(dist, "DistError", ())):
+        return True
+    if not isinstance(exc, RuntimeError):
+        return False
+    text = str(exc).lower()
+    return any(marker in text for marker in _COLLECTIVE_ERRORS)
+
+
+class Step(int):
+    """A step number (an ``int``: ``report(step)``, ``ckpt.save(step, ...)``, ``step % 25``)
+    that is also the guard of the step's body (``with step:``).
+
+    Attributes:
+        rank, world_size: this worker's place in the current generation (they change when
+            the world shrinks or grows; read them here, not from ``train.init()``'s answer).
+        generation: the live world's generation (0: the round's own process group).
+    """
+
+    _loop: _Loop
+
+    def __new__(cls, value: int, loop: _Loop) -> Step:
+        obj = super().__new__(cls, value)
+        obj._loop = loop
+        return obj
+
+    @property
+    def rank(self) -> int:
+        return self._loop.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._loop.world_size
+
+    @property
+    def generation(self) -> int:
+        return self._loop.generation
+
+    def __enter__(self) -> Step:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        return self._loop.step_exit(self, exc)
+
+
+@attrs.frozen
+class _TensorRef:
+    """A tensor's place in a state skeleton broadcast to the ranks behind."""
+
+    index: int
+    shape: tuple[int, ...]
+    dtype: Any
+    device_type: str
+
+
+class _Loop:
+    """The state machine behind :func:`steps` (one per call)."""
+
+    def __init__(self, total: int, state: dict[str, Any], start: int) -> None:
+        info = process_group._info or worker_info()
+        self.total, self.state = int(total), state
+        self.next_step = int(start)
+        self.applied = int(start) - 1
+        self.rank, self.world_size = info.rank, info.world_size
+        self.generation = 0
+        self.live = is_live()
+        self.grow_key = "live/grow/0"
+        self._positions: dict[str, Any] = {}
+        self._in_flight: int | None = None
+        self._failed: BaseException | None = None
+        self._client: Any = None
+        self._hooks: list[Any] = []
+        self._node_id = int(os.environ.get(env.NODE_ID, "0"))
+        self._local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self._round = int(os.environ.get(env.ROUND, "0"))
+        for obj in state.values():
+            if hasattr(obj, "register_step_post_hook") and hasattr(obj, "param_groups"):  # an optimizer
+                self._hooks.append(obj.register_step_post_hook(self._on_optimizer_step))
+
+    # ----- the loop --------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Step]:
+        try:
+            if self.live:
+                self._start()
+            while self.next_step < self.total:
+                if self.live and self.world_size > 0:
+                    try:
+                        grow = self._boundary()
+                    except Exception as exc:
+                        if not is_collective_error(exc):
+                            raise
+                        self._recover("error", exc)
+                        continue
+                    if grow:
+                        self._recover("grow", None)
+                        continue
+                step = Step(self.next_step, self)
+                self._positions = _positions(self.state)
+                self._in_flight, self._failed = int(step), None
+                yield step
+                self._in_flight = None
+                if self._failed is not None:
+                    continue  # recovered in step_exit; next_step was set by the sync
+                self.next_step = int(step) + 1
+            if self.live:
+                self._tell_done()
+        finally:
+            for hook in self._hooks:
+                hook.remove()
+            if self._client is not None:
+                self._client.close()
+
+    def _on_optimizer_step(self, *_: Any) -> None:
+        if self._in_flight is not None:
+            self.applied = self._in_flight
+
+    def step_exit(self, step: Step, exc: BaseException | None) -> bool:
+        if exc is None or not self.live or not isinstance(exc, Exception) or not is_collective_error(exc):
+            return False
+        self._failed = exc
+        if self.applied < int(step):  # the update was not applied here: take this step's data back
+            _restore_positions(self.state, self._positions)
+        self._recover("error", exc)
+        return True
+
+    # ----- the live world ---------------------------------------------------------------
+
+    def _master(self) -> Any:
+        if self._client is None:
+            self._client = MasterClient(os.environ[env.MASTER_ADDR])
+        return self._client
+
+    def _ask(self, reason: str, error: str = "") -> LiveAssignment:
+        message = LiveReform(node_id=self._node_id, local_rank=self._local_rank, pid=os.getpid(), round=self._round,
+                             generation=self.generation if reason != "join" else -1, step=self.applied,
+                             reason=reason, error=error[:500])
+        while True:
+            try:
+                answer = self._master().live_reform(message)
+            except MasterUnavailableError as exc:
+                raise LiveRecoveryError(f"the job master is unreachable: {exc}") from exc
+            if answer.state == "ready" or (answer.state == "finished" and reason == "done"):
+                return answer
+            if answer.state == "finished":  # a replacement: the others finished the last step
+                log.info("live_join_not_needed", node_id=self._node_id, local_rank=self._local_rank,
+                         reason=answer.reason)
+                raise SystemExit(0)
+            if answer.state in ("restart", "stop"):
+                raise LiveRecoveryError(f"live recovery ended ({answer.state}): {answer.reason}")
+            time.sleep(_POLL_S)
+
+    def _tell_done(self) -> None:
+        """The last step is done: a replacement still waiting to join need not."""
+        with contextlib.suppress(LiveRecoveryError):
+            self._ask("done")
+
+    def _start(self) -> None:
+        if is_joiner():
+            log.info("live_join_waiting", node_id=self._node_id, local_rank=self._local_rank)
+            self.applied = -1
+            self._recover("join", None)
+        else:
+            answer = self._ask("ready")
+            self.grow_key = answer.grow_key or self.grow_key
+
+    def _boundary(self) -> bool:
+        """Whether the generation ends at this step boundary (a replacement waits to join):
+        rank 0 looks at the store, one all-reduce tells everyone."""
+        import torch  # heavy: torch
+        import torch.distributed as dist  # heavy: torch
+
+        if not dist.is_initialized():
+            return False
+        flag = 0
+        if self.rank == 0 and process_group._store is not None:
+            flag = int(process_group._store.check([self.grow_key]))
+        if self.world_size == 1:
+            return bool(flag)
+        t = torch.tensor([flag], dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def _recover(self, reason: str, exc: BaseException | None) -> None:
+        """Leave the current process group, join the next generation, catch up."""
+        t0 = time.monotonic()
+        _abort_group()
+        if exc is not None:
+            log.warning("live_collective_failed", rank=self.rank, generation=self.generation, step=self._in_flight,
+                        error=str(exc).splitlines()[0][:200])
+        answer = self._ask(reason, "" if exc is None else str(exc))
+        t1 = time.monotonic()
+        self._join(answer)
+        behind = self._sync()
+        for module in replicated_modules():
+            module.rebuild()
+        for obj in self.state.values():
+            if hasattr(obj, "set_world"):
+                obj.set_world(self.rank, self.world_size)
+        writer = get_writer()
+        writer.rank = self.rank
+        writer.write({"type": "live", "reason": reason, "generation": self.generation, "world_size": self.world_size,
+                      "step": self.next_step, "reform_s": round(time.monotonic() - t0, 6)})
+        writer.mark()  # the next step's time leaves the re-form out
+        self._in_flight = None
+        log.info("live_reformed", reason=reason, generation=self.generation, rank=self.rank,
+                 world_size=self.world_size, step=self.next_step, caught_up=behind,
+                 wait_s=round(t1 - t0, 4), total_s=round(time.monotonic() - t0, 4))
+
+    def _join(self, answer: LiveAssignment) -> None:
+        import torch.distributed as dist  # heavy: torch
+
+        store = process_group.round_store(answer.store_host, answer.store_port)
+        timeout = datetime.timedelta(seconds=process_group.collective_timeout_s())
+        backend = process_group.backend()
+        dist.init_process_group(backend=backend, store=dist.PrefixStore(answer.prefix, store), rank=answer.rank,
+                                world_size=answer.world_size, timeout=timeout)
+        self.rank, self.world_size, self.generation = answer.rank, answer.world_size, answer.generation
+        self.grow_key = answer.grow_key
+        process_group.set_place(rank=answer.rank, world_size=answer.world_size)
+
+    def _sync(self) -> bool:
+        """Bring every member to the newest applied step; returns whether this rank was behind."""
+        import torch.distributed as dist  # heavy: torch
+
+        applied: list[Any] = [None] * self.world_size
+        dist.all_gather_object(applied, self.applied)
+        newest = max(applied)
+        source = applied.index(newest)
+        behind = [r for r, s in enumerate(applied) if s < newest]
+        me_behind = self.rank in behind
+        if behind:
+            _broadcast_state(self.state, source=source, rank=self.rank, receive=me_behind)
+        self.applied = newest
+        self.next_step = newest + 1
+        _zero_grads(self.state)
+        return me_behind
+
+
+def steps(total: int, state: dict[str, Any], *, start: int = 0) -> Iterator[Step]:
+    """The training loop's steps ``start .. total - 1``, each a :class:`Step` to guard the body with.
+
+    Args:
+        total: steps in the whole run.
+        state: what the loop trains (the dict given to ``Checkpointer.save``): modules,
+            optimizers, LR schedulers, samplers. Optimizers get a post hook (which step's
+            update was applied); everything with ``state_dict`` is sent to a replacement.
+        start: the first step (``restored.step + 1`` after ``Checkpointer.load``); a
+            replacement ignores it and goes on from its peers' step.
+
+    Yields:
+        :class:`Step`: an ``int`` to use as the step, and a context manager: ``with step:``
+        around the body discards a step a peer's death interrupted and re-forms the world.
+
+    Raises:
+        LiveRecoveryError: the master ended the live world (it ordered a restart of every
+            worker, or the job ended).
+    """
+    return iter(_Loop(total, state, start))
+
+
+# ----- state helpers ------------------------------------------------------------------------
+
+
+def _positions(state: dict[str, Any]) -> dict[str, Any]:
+    """Data positions at a step's start (samplers: entries with ``set_world``), to roll a
+    discarded step back."""
+    return {k: v.state_dict() for k, v in state.items() if hasattr(v, "set_world") and hasattr(v, "state_dict")}
+
+
+def _restore_positions(state: dict[str, Any], positions: dict[str, Any]) -> None:
+    for k, pos in positions.items():
+        state[k].load_state_dict(pos)
+
+
+def _zero_grads(state: dict[str, Any]) -> None:
+    """Drop gradients a discarded step left behind."""
+    for obj in state.values():
+        if hasattr(obj, "zero_grad") and hasattr(obj, "param_groups"):
+            obj.zero_grad(set_to_none=True)
+        elif hasattr(obj, "parameters") and callable(obj.parameters):
+            for p in obj.parameters():
+                p.grad = None
+
+
+def _abort_group() -> None:
+    """Abort and destroy the default process group: its sockets close, so peers blocked on
+    this worker fail at once instead of at the collective timeout."""
+    import torch.distributed as dist  # heavy: torch
+
+    if not dist.is_initialized():
+        return
+    with contextlib.suppress(Exception):
+        dist.distributed_c10d._get_default_group().abort()
+    with contextlib.suppress(Exception):
+        dist.destroy_process_group()
+
+
+def _pack(obj: Any, tensors: list[Any]) -> Any:
+    import torch  # heavy: torch
+
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj.detach())
+        return _TensorRef(len(tensors) - 1, tuple(obj.shape), obj.dtype, obj.device.type)
+    if isinstance(obj, dict):
+        return {k: _pack(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_pack(v, tensors) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_pack(v, tensors) for v in obj)
+    return obj
+
+
+def _unpack(obj: Any, tensors: list[Any]) -> Any:
+    if isinstance(obj, _TensorRef):
+        return tensors[obj.index]
+    if isinstance(obj, dict):
+        return {k: _unpack(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_unpack(v, tensors) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_unpack(v, tensors) for v in obj)
+    return obj
+
+
+def _refs(obj: Any) -> Iterator[_TensorRef]:
+    if isinstance(obj, _TensorRef):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _refs(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _refs(v)
+
+
+def _broadcast_state(state: dict[str, Any], *, source: int, rank: int, receive: bool) -> None:
+    """``source`` sends every ``state`` entry's ``state_dict()``: its structure (pickled,
+    tensors left out) with ``broadcast_object_list``, then each tensor with ``broadcast``;
+    ranks with ``receive`` load it, the others (already at the newest step) drop it."""
+    import torch  # heavy: torch
+    import torch.distributed as dist  # heavy: torch
+
+    tensors: list[Any] = []
+    skeleton = ({k: _pack(v.state_dict(), tensors) for k, v in state.items() if hasattr(v, "state_dict")}
+                if rank == source else None)
+    box = [skeleton]
+    dist.broadcast_object_list(box, src=source)
+    skeleton = box[0]
+    if rank != source:
+        device = None
+        for ref in sorted(_refs(skeleton), key=lambda r: r.index):
+            if ref.device_type != "cpu" and device is None:
+                device = torch.device(ref.device_type, getattr(torch, ref.device_type).current_device())
+            tensors.append(torch.empty(ref.shape, dtype=ref.dtype, device=device if ref.device_type != "cpu" else "cpu"))
+    for t in tensors:
+        if t.numel():
+            dist.broadcast(t if t.is_contiguous() else t.contiguous(), src=source)
+    if receive:
+        for k, sd in skeleton.items():
+            state[k].load_state_dict(_unpack(sd, tensors))

@@ -5,8 +5,9 @@
 builds ``Job(..., nodes=2, nproc_per_node=1, scheduler="local")`` (``--scheduler docker``: in
 containers), runs it, prints the
 JobResult and the validation loss at the start and the end. With ``--chaos`` one worker is
-SIGKILLed at a random step; the job restarts every worker and resumes from the last
-committed checkpoint.
+SIGKILLed at a random step: the surviving worker keeps training in a smaller world, and the
+replacement rejoins with its live state (``--restart-all``: every worker restarts and resumes
+from the last committed checkpoint instead).
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chaos-step", type=int, default=None, help="kill at this step instead of a random one")
     p.add_argument("--persist-every", type=int, default=25, help="persist a checkpoint every N steps")
     p.add_argument("--max-restarts", type=int, default=3)
+    p.add_argument("--restart-all", action="store_true",
+                   help="on a failure, restart every worker from the last checkpoint (Failure(live_recovery=False)) "
+                        "instead of letting the survivors go on while the failed worker is replaced")
     p.add_argument("--ckpt-dir", default=None, help="checkpoint directory (default: a fresh temporary one)")
     p.add_argument("--data", default=None, help="a text file to train on (default: Python's standard library)")
     p.add_argument("--log-dir", default="dlrover-runs")
@@ -59,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         accelerator="cpu",
         scheduler=a.scheduler,
         checkpoint=Checkpoint(dir=ckpt_dir, persist_every_steps=a.persist_every, keep_last=2),
-        failure=Failure(max_restarts=a.max_restarts),
+        failure=Failure(max_restarts=a.max_restarts, live_recovery=not a.restart_all),
         log_dir=a.log_dir,
     )
     try:

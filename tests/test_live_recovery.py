@@ -210,3 +210,22 @@ def test_script_without_train_steps_restarts_every_worker_and_says_why(tmp_path)
     assert failure.recovery == "restart_all"
     assert "not live" in failure.action and "train.steps()" in failure.action, failure.action
     assert any(e["kind"] == "live_recovery_unavailable" for e in job_events(result))
+
+
+@pytest.mark.timeout(300)
+def test_killed_agent_node_is_relaunched_and_rejoins_while_the_other_keeps_training(tmp_path):
+    """SIGKILL node 1's agent (its worker dies with it): the local scheduler tells the master
+    at once, the survivor goes on alone, the relaunched node's worker rejoins live."""
+    shm_before = shm_entries()
+    run = live_job(tmp_path, "live6", steps=150).submit()
+    pids = first_pids(run, 2)
+    wait_for(lambda: run.status().step >= 10, 60, "step 10")
+    handle = json.loads((Path(run.handle.log_dir) / "handle.json").read_text())
+    os.kill(handle["agents"]["node-1"], signal.SIGKILL)
+    result = finish(run, shm_before)
+    failure = next(f for f in result.failures if f.kind == "node_lost")
+    assert failure.recovery == "live" and "local scheduler" in failure.detail, failure
+    events = job_events(result)
+    assert [(e["reason"], e["world_size"]) for e in events if e["kind"] == "live_reformed"] == [("error", 1), ("grow", 2)]
+    assert not any(e["kind"] == "rendezvous_completed" and e["round"] > 0 for e in events)
+    check_lineage(tmp_path, steps=150, world_size=2, survivors={pids[0]})

@@ -405,6 +405,8 @@ class ElasticAgent:
                 master_addr=self.client.addr, accelerator=self.accelerator, progress_file=str(progress),
                 log_dir=str(self.log_dir), agent_pid=os.getpid(), agent_token=self.token,
             ), "DLROVER_STACK_FILE": str(self.hangs.stack_file(world.round, rank))}
+            if world.live_join:  # the round runs on without this node: its workers join it live
+                env[env_names.LIVE_JOIN] = "1"
             standby = self._take_standby()
             worker = WorkerProcess(rank=rank, local_rank=local_rank, argv=argv, env=env, cwd=self.job.workdir,
                                    log_file=self.node_dir / f"rank_{rank}.log", echo=self.echo, standby=standby)

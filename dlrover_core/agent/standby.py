@@ -1,7 +1,7 @@
 """``python -m dlrover_core.agent.standby``: a warm spare worker.
 
 The agent keeps standby processes that have already imported what workers need (torch,
-numpy, safetensors, ``dlrover_core.train``). When workers (re)start, a standby receives one
+numpy, safetensors, ``dlrover_core.train``, the plugin host). When workers (re)start, a standby receives one
 line of JSON on stdin — ``{"argv": [...], "env": {...}, "cwd": "..."}``, the exact command
 and environment a cold worker would get — takes that environment and working directory, and
 runs the entrypoint in-process as ``python`` would (``runpy``, ``__main__``, ``sys.argv``,
@@ -21,7 +21,11 @@ import runpy
 import sys
 
 import dlrover_core.train  # noqa: F401  (what workers import, before they are needed)
+from dlrover_core.plugins import get_host, reset_host
 from dlrover_core.train.progress import install_excepthook
+
+#: The variables the plugin host reads when it loads (``dlrover_core.plugins.PluginHost``).
+_HOST_VARIABLES = ("DLROVER_PLUGINS", "DLROVER_DISABLE_PLUGINS")
 
 
 def _preload() -> None:
@@ -30,6 +34,8 @@ def _preload() -> None:
     import safetensors.torch  # noqa: F401  (heavy)
     import torch  # noqa: F401  (heavy)
     import torch.distributed  # noqa: F401  (heavy)
+
+    get_host()  # plugin discovery (entry points, plugin imports): about a second, done while waiting
 
 
 def _run(argv: list[str]) -> None:
@@ -53,6 +59,8 @@ def main() -> None:
     if not line:  # the agent closed the pipe without a job: not needed any more
         return
     spec = json.loads(line)
+    if any(os.environ.get(k) != spec["env"].get(k) for k in _HOST_VARIABLES):
+        reset_host()  # the worker selects other plugins than this standby loaded
     os.environ.clear()
     os.environ.update(spec["env"])
     os.chdir(spec["cwd"])

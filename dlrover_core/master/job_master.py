@@ -404,6 +404,9 @@ class JobMaster:
             order = self.node_checks.order(node_id)
             if order is not None:
                 return order
+            joining = self._live_join(node)
+            if joining is not None:
+                return joining
             rnd = self.rdzv.latest
             # placed: a member of the running round, not told yet (waiting), or told already
             # (running) but asking again: its answer was lost, e.g. with a master that died
@@ -567,6 +570,12 @@ class JobMaster:
         node_id, round_index, failures = message.node_id, message.round, message.failures
         with self._batch():
             node = self._node(node_id)
+            if (failures and message.token is None and all(f.rank is None for f in failures)
+                    and node.state in ("running", "waiting", "registered") and not self.state.is_terminal):
+                # evidence from the scheduler that the node is gone (its agent process exited):
+                # act now, not after failure.heartbeat_timeout_s of silence
+                self._lose(node, max(0.0, self._clock() - node.last_heartbeat), why=failures[0].detail)
+                return ActionAnswer(action=self._action(round_index, node))
             if not node.gone:
                 node.last_heartbeat = self._clock()
             current = self.rdzv.latest
@@ -730,7 +739,9 @@ class JobMaster:
                 self._note_node(node, succeeded=True, point="node_succeeded")
                 log.info("node_succeeded", node_id=node_id, round=round_index)
                 # (the size test first: the set test scans the round, once per node otherwise)
-                if len(self._succeeded_nodes) >= len(rnd.node_ids) and self._succeeded_nodes.issuperset(rnd.node_ids):
+                needed = (rnd.node_ids if self.live is None or self.live.closed or self.live.round != rnd.index
+                          else tuple(self.live.nodes()))
+                if len(self._succeeded_nodes) >= len(needed) and self._succeeded_nodes.issuperset(needed):
                     problem = self.checkpoints.final_problem() if self.checkpoints is not None else None
                     lost = self.checkpoints.lost_steps() if self.checkpoints is not None else []
                     if problem is not None:  # never SUCCEEDED without the final checkpoint
@@ -881,6 +892,37 @@ class JobMaster:
                               set_key=lambda key: store.set(key, "1"), clock=self._clock,
                               straggler_timeout_s=_LIVE_STRAGGLER_S)
 
+    def _live_join(self, node: NodeRecord) -> RoundAssignment | None:
+        """A node waiting to join while the live world runs without it (relaunched after it
+        was lost, or a replacement of an excluded one) joins that world: its workers start as
+        replacements. ``None``: the rendezvous decides as usual."""
+        live, rnd = self.live, self.rdzv.latest
+        if (live is None or live.closed or rnd is None or rnd.index != live.round or rnd.index < self.required_round
+                or not self.rdzv.is_waiting(node.node_id) or live.has_node(node.node_id)):
+            return None
+        nproc = self.job.nodes.nproc_per_node if isinstance(self.job.nodes.nproc_per_node, int) else rnd.nproc[0]
+        if len(live.nodes()) >= self.job.nodes.max:
+            return None
+        store = self._stores.get(rnd.index)
+        if store is None:
+            return None
+        self.rdzv.leave(node.node_id)
+        node.state, node.round = "running", rnd.index
+        self._note_node(node, point="node_placed")
+        log.info("live_node_joining", node_id=node.node_id, round=rnd.index, nproc=nproc)
+        self._event("live_node_joining", node_id=node.node_id, round=rnd.index)
+        # the workers' RANK/WORLD_SIZE until train.steps() gives them their place: their
+        # slots' at the round's start (a node new to the round: after every other)
+        if node.node_id in rnd:
+            node_rank, offset, world_size = rnd.node_rank(node.node_id), rnd.rank_offset(node.node_id), rnd.world_size
+        else:
+            node_rank, offset, world_size = len(rnd.node_ids), rnd.world_size, rnd.world_size + nproc
+        return RoundAssignment(
+            state=PollState.READY, round=rnd.index, node_rank=node_rank, num_nodes=len(rnd.node_ids),
+            rank_offset=offset, nproc=nproc, world_size=world_size, store_host=self.store_host,
+            store_port=store[0], restart_count=self.restarts, max_restarts=self.job.failure.max_restarts,
+            live_join=True)
+
     def _close_live(self, why: str) -> None:
         if self.live is not None and not self.live.closed:
             self.live.close(why)
@@ -915,14 +957,14 @@ class JobMaster:
         self._not_live_why = self.live_why
         if live is None or live.round != round_index:
             return None
-        if any(f.local_rank is None for f in failures):
-            why = "a node failed (not only workers)"
-        elif self.restarts >= self.job.failure.max_restarts:
+        if self.restarts >= self.job.failure.max_restarts:
             return None
+        if any(f.local_rank is None for f in failures):  # the node itself: every worker on it
+            live.node_died(node.node_id)
         else:
             for f in failures:
                 live.worker_died((node.node_id, int(f.local_rank)))  # type: ignore[arg-type]
-            why = live.can_go_on()
+        why = live.can_go_on()
         if why:
             live.close(why)
             self._not_live_why = why
@@ -933,8 +975,9 @@ class JobMaster:
         node.failures += 1
         self._live_progress()
         survivors = len(live.survivors())
-        ranks = ", ".join(str(f.rank) for f in failures)
-        return (f"live: {survivors} survivor(s) go on; rank {ranks} replaced, rejoining with their state "
+        what = (f"node {node.node_id} relaunched" if any(f.rank is None for f in failures)
+                else f"rank {', '.join(str(f.rank) for f in failures)} replaced")
+        return (f"live: {survivors} survivor(s) go on; {what}, rejoining with their state "
                 f"(restart {self.restarts}/{self.job.failure.max_restarts})")
 
     def _need_live_count(self) -> bool:
@@ -975,15 +1018,18 @@ class JobMaster:
                 self._exclude(self._node(n), f"it is a straggler (node check {verdict.best_s[n]:.2f} s, over twice "
                                              "the median)")
 
-    def _lose(self, node: NodeRecord, silent_s: float) -> None:
+    def _lose(self, node: NodeRecord, silent_s: float, *, why: str = "") -> None:
+        """``node`` is gone: silent for ``silent_s`` (or ``why``: its scheduler saw its agent exit)."""
+        why = why or f"no heartbeat for {silent_s:.0f} s"
         node.state = "dead"
-        self._gone_why[node.node_id] = f"lost (no heartbeat for {silent_s:.0f} s)"
+        self._gone_why[node.node_id] = f"lost ({why})"
         self.rdzv.leave(node.node_id)
-        log.warning("node_lost", node_id=node.node_id, silent_s=round(silent_s, 1))
+        log.warning("node_lost", node_id=node.node_id, silent_s=round(silent_s, 1), reason=why)
         rnd = self.rdzv.latest
-        if rnd is not None and node.node_id in rnd and rnd.index >= self.required_round:
+        member = rnd is not None and (node.node_id in rnd or (self.live is not None and self.live.has_node(node.node_id)))
+        if rnd is not None and member and rnd.index >= self.required_round:
             self.failure(FailureReport(node_id=node.node_id, round=rnd.index, failures=(
-                WorkerFailure(kind="node_lost", detail=f"no heartbeat for {silent_s:.0f} s"),)))
+                WorkerFailure(kind="node_lost", detail=why),)))
         else:
             node.failures += 1
         self._note_node(node, point="node_lost")

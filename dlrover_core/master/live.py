@@ -114,6 +114,23 @@ class LiveWorld:
         self.ready.discard(slot)
         self._try_form()
 
+    def node_died(self, node_id: int) -> None:
+        """Every worker of ``node_id`` died with it (the node was lost or its agent exited)."""
+        for slot in [m for m in self.members if m[0] == node_id] + [a for a in self.arrived if a[0] == node_id]:
+            if slot in self.members:
+                self.dead[slot] = None
+            self.arrived.pop(slot, None)
+            self.ready.discard(slot)
+        self._try_form()
+
+    def has_node(self, node_id: int) -> bool:
+        """Whether a live member of the running generation runs on ``node_id``."""
+        return any(m[0] == node_id for m in self.survivors())
+
+    def nodes(self) -> set[int]:
+        """The nodes of the running generation's live members."""
+        return {m[0] for m in self.survivors()}
+
     def close(self, why: str) -> None:
         """The round restarts every worker: every later question is answered ``restart``."""
         self.closed = why

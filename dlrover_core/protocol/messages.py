@@ -260,6 +260,9 @@ class RoundAssignment:
         group_size: nodes in the group.
         prefix: the group's key prefix in the check store.
         timeout_s: seconds the check may take.
+        live_join: the node joins a round that keeps running without it (its workers start
+            as replacements: they get their ranks and their peers' live state in
+            ``train.steps()``; the rank fields are their slots' at the round's start).
     """
 
     state: PollState
@@ -281,6 +284,7 @@ class RoundAssignment:
     group_size: int = 0
     prefix: str = ""
     timeout_s: float = 0.0
+    live_join: bool = False
 
 
 # ----- heartbeats and reports -------------------------------------------------------------------

@@ -41,6 +41,7 @@ from dlrover_core.plugins import get_host
 from dlrover_core.proctree import kill_trees
 from dlrover_core.protocol import Cancel, JobState, JobStatus, NodeRelaunch
 from dlrover_core.protocol.client import MasterClient, fetch_master_status
+from dlrover_core.protocol.messages import FailureReport, WorkerFailure
 from dlrover_core.retry import rpc_retrying
 from dlrover_core.scheduler_backend import (
     Capabilities,
@@ -104,6 +105,7 @@ class LocalScheduler(SchedulerBackend):
 
     def __init__(self) -> None:
         self._popens: dict[str, dict[str, subprocess.Popen]] = {}
+        self._reported: dict[str, set[int]] = {}  # job id -> agent pids whose exit the master was told
 
     # ----- plan --------------------------------------------------------------------------
 
@@ -238,6 +240,7 @@ class LocalScheduler(SchedulerBackend):
             addr = self._master_addr(handle, info)
             if addr != info["master_addr"]:  # a restarted master listens elsewhere
                 self._write_info(handle, {"master_addr": addr})
+            self._report_lost_agents(handle, info, addr)
             return
         restarts = info.get("master_restarts", 0)
         if restarts >= _MASTER_RESTARTS:
@@ -255,6 +258,30 @@ class LocalScheduler(SchedulerBackend):
         popen = self._start(handle.job_id, ProcessSpec(**{**spec_dict, "argv": tuple(spec_dict["argv"])}))
         self._write_info(handle, {"master_pid": popen.pid, "master_restarts": restarts + 1,
                                   "master_restart_due": None})
+
+    def _report_lost_agents(self, handle: JobHandle, info: dict, addr: str) -> None:
+        """Tell the master at once about a node whose agent process exited (killed, crashed):
+        evidence, so it need not wait ``Failure.heartbeat_timeout_s`` of silence. Each node's
+        newest agent only (an older one was replaced); each exit once. An agent that exited
+        because its job or node ended changes nothing (the master knows it has gone)."""
+        newest: dict[int, int] = {}
+        for name, pid in info["agents"].items():
+            newest[int(name.split("-", 1)[1])] = int(pid)
+        for key, pid in info.get("relaunched", {}).items():  # "node-<id>:<pid>", in launch order
+            newest[int(key.split(":", 1)[0].split("-", 1)[1])] = int(pid)
+        reported = self._reported.setdefault(handle.job_id, set())
+        for node_id, pid in newest.items():
+            if pid in reported or _alive(pid):
+                continue
+            reported.add(pid)
+            client = MasterClient(addr, timeout_s=2.0, retrying=lambda: rpc_retrying(attempts=1), addr_file="")
+            try:
+                client.failure(FailureReport(node_id=node_id, round=-1, failures=(WorkerFailure(
+                    kind="node_lost", detail=f"its agent process (pid {pid}) exited, seen by the local scheduler"),)))
+            except (DLRoverError, ValueError):
+                pass  # not answering: the heartbeat timeout is the fallback
+            finally:
+                client.close()
 
     def status(self, handle: JobHandle) -> JobStatus:
         answer = fetch_master_status(self._master_addr(handle, self._info(handle)))

@@ -193,8 +193,10 @@ class LiveWorld:
             return
         survivors = self.survivors()
         came = [m for m in survivors if m in self.arrived]
-        if not came:
-            return  # only joiners wait: the members end the generation at a step boundary
+        if not any(m.generation >= 0 for m in self.arrived.values()):
+            return  # only replacements wait: the members end the generation at a step boundary
+        if not came and survivors:
+            return  # a straggler left out earlier waits like a replacement, for the members
         now = self._clock()
         opened = self.forming_since if self.forming_since is not None else now
         if len(came) < len(survivors) and now - opened < self.straggler_timeout_s:

@@ -1,0 +1,239 @@
+"""The master's live world (``dlrover_core.master.live``): how generations form, and a seeded
+stress test of random schedules of deaths, re-forms, joins and clock jumps that checks its
+invariants after every event."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+from dlrover_core.master.live import LiveWorld
+from dlrover_core.protocol.messages import LiveReform
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def world(members, clock=None, timeout_s=30.0):
+    keys: list[str] = []
+    w = LiveWorld(round_index=0, members=members, store_host="h", store_port=1, set_key=keys.append,
+                  clock=clock or Clock(), straggler_timeout_s=timeout_s)
+    w.keys = keys  # type: ignore[attr-defined]
+    return w
+
+
+def ask(w, slot, pid, generation, reason="error", step=5):
+    return w.reform(LiveReform(node_id=slot[0], local_rank=slot[1], pid=pid, round=0, generation=generation,
+                               step=step, reason=reason))
+
+
+def test_survivors_form_the_next_generation_once_every_live_member_asked():
+    w = world([(0, 0), (1, 0), (2, 0)])
+    for slot, pid in (((0, 0), 10), ((1, 0), 11), ((2, 0), 12)):
+        assert ask(w, slot, pid, 0, reason="ready").state == "ready"
+    assert w.can_go_on() == ""
+    w.worker_died((1, 0))
+    assert ask(w, (0, 0), 10, 0).state == "waiting"  # (2, 0) has not asked yet
+    a2 = ask(w, (2, 0), 12, 0)
+    a0 = ask(w, (0, 0), 10, 0)
+    assert (a0.state, a0.generation, a0.rank, a0.world_size) == ("ready", 1, 0, 2)
+    assert (a2.state, a2.generation, a2.rank, a2.world_size) == ("ready", 1, 1, 2)
+    assert a0.prefix == "live/1/" and a0.grow_key == "live/grow/1"
+
+
+def test_a_replacement_raises_the_grow_flag_and_joins_at_the_boundary():
+    w = world([(0, 0), (1, 0)])
+    ask(w, (0, 0), 10, 0, reason="ready")
+    ask(w, (1, 0), 11, 0, reason="ready")
+    w.worker_died((1, 0))
+    assert ask(w, (0, 0), 10, 0).generation == 1
+    assert ask(w, (1, 0), 20, -1, reason="join", step=-1).state == "waiting"
+    assert w.keys == ["live/grow/1"]
+    grown = ask(w, (0, 0), 10, 1, reason="grow")
+    joined = ask(w, (1, 0), 20, -1, reason="join", step=-1)
+    assert (grown.generation, grown.world_size, joined.generation, joined.rank) == (2, 2, 2, 1)
+    assert [t.reason for t in w.transitions] == ["error", "grow"]
+
+
+def test_a_silent_member_is_left_out_after_the_straggler_timeout_and_rejoins_later():
+    clock = Clock()
+    w = world([(0, 0), (1, 0), (2, 0)], clock, timeout_s=5.0)
+    for i in range(3):
+        ask(w, (i, 0), 10 + i, 0, reason="ready")
+    w.worker_died((2, 0))
+    assert ask(w, (0, 0), 10, 0).state == "waiting"
+    clock.t = 6.0
+    w.tick()
+    a = ask(w, (0, 0), 10, 0)
+    assert (a.generation, a.world_size) == (1, 1)
+    # the straggler comes back with its state: it is a joiner of generation 2
+    assert ask(w, (1, 0), 11, 0).state == "waiting" and w.keys == ["live/grow/1"]
+    ask(w, (0, 0), 10, 1, reason="grow")
+    assert ask(w, (1, 0), 11, 0).generation == 2
+
+
+def test_no_live_recovery_without_train_steps_or_without_survivors():
+    w = world([(0, 0), (1, 0)])
+    ask(w, (0, 0), 10, 0, reason="ready")
+    w.worker_died((0, 0))
+    assert "train.steps()" in w.can_go_on()
+    w.worker_died((1, 0))
+    assert w.can_go_on() == "no worker of the round survived"
+    w.close("restart")
+    assert ask(w, (1, 0), 11, 0).state == "restart"
+
+
+def test_a_waiting_replacement_is_told_finished_when_the_members_are_done():
+    w = world([(0, 0), (1, 0)])
+    ask(w, (0, 0), 10, 0, reason="ready")
+    ask(w, (1, 0), 11, 0, reason="ready")
+    w.worker_died((1, 0))
+    ask(w, (0, 0), 10, 0)
+    assert ask(w, (1, 0), 20, -1, reason="join").state == "waiting"
+    assert ask(w, (0, 0), 10, 1, reason="done").state == "finished"
+    assert ask(w, (1, 0), 20, -1, reason="join").state == "finished"
+
+
+def test_a_dead_node_takes_all_its_workers():
+    w = world([(0, 0), (0, 1), (1, 0), (1, 1)])
+    for slot, pid in zip(w.members, range(10, 14), strict=True):
+        ask(w, slot, pid, 0, reason="ready")
+    w.node_died(1)
+    assert w.nodes() == {0} and not w.has_node(1)
+    ask(w, (0, 0), 10, 0)
+    a = ask(w, (0, 1), 11, 0)
+    assert (a.generation, a.world_size, a.rank) == (1, 2, 1)
+
+
+STRESS_SEEDS = int(os.environ.get("DLROVER_STRESS_SEEDS", "30"))
+
+
+@pytest.mark.parametrize("seed", range(STRESS_SEEDS))
+def test_random_schedules_keep_the_invariants(seed):
+    """Workers die (one, or a node's) or freeze, survivors ask at random moments, replacements join,
+    answers are lost and asked again, the clock jumps past the straggler timeout, members
+    finish. After every event: generations only grow; a generation's members are distinct
+    slots ranked in order; no dead process is ever placed; two processes never hold the same
+    rank of a generation; a process asking again gets the same answer; and once every live
+    worker has asked, a generation forms (no deadlock)."""
+    rng = random.Random(seed)
+    clock = Clock()
+    nodes, nproc = rng.randint(1, 3), rng.randint(1, 3)
+    slots = [(n, lr) for n in range(nodes) for lr in range(nproc)]
+    w = world(list(slots), clock, timeout_s=5.0)
+    next_pid = 100
+    procs: dict[int, dict] = {}  # pid -> {"slot", "gen" (its generation, -1: joining), "alive"}
+    for s in slots:
+        procs[next_pid] = {"slot": s, "gen": 0, "alive": True}
+        assert ask(w, s, next_pid, 0, reason="ready").state == "ready"
+        next_pid += 1
+    placed: dict[tuple[int, int], int] = {(0, r): pid for r, pid in enumerate(procs)}
+    dead: set[int] = set()
+    last_generation = 0
+
+    def check(answer, pid):
+        nonlocal last_generation
+        procs[pid]["waiting"] = answer.state == "waiting"
+        if answer.state != "ready":
+            return
+        assert pid not in dead, f"dead process {pid} placed in generation {answer.generation}"
+        key = (answer.generation, answer.rank)
+        assert placed.setdefault(key, pid) == pid, f"rank {key} given to {placed[key]} and {pid}"
+        assert 0 <= answer.rank < answer.world_size
+        procs[pid]["gen"] = answer.generation
+
+    def holders_without(gone: set[int]) -> int:
+        """Awake members that hold the state, were ``gone`` to die (the master restarts every
+        worker when none is left: not the live world's business)."""
+        return sum(1 for p, v in procs.items()
+                   if v["alive"] and not v.get("frozen") and v["gen"] >= 0 and p not in gone)
+
+    for _ in range(120):
+        alive = [p for p, v in procs.items() if v["alive"]]
+        roll = rng.random()
+        if roll < 0.12 and alive:  # a worker dies
+            pid = rng.choice(alive)
+            if not holders_without({pid}):
+                continue
+            procs[pid]["alive"] = False
+            dead.add(pid)
+            w.worker_died(procs[pid]["slot"], pid)
+        elif roll < 0.16 and alive:  # a whole node dies
+            node = rng.choice([procs[p]["slot"][0] for p in alive])
+            on_node = {p for p in alive if procs[p]["slot"][0] == node}
+            if not holders_without(on_node):
+                continue
+            for p in on_node:
+                procs[p]["alive"] = False
+                dead.add(p)
+            w.node_died(node)
+        elif roll < 0.22 and alive:  # a worker freezes (SIGSTOP): alive, it never asks again
+            procs[rng.choice(alive)]["frozen"] = True
+        elif roll < 0.3:  # a replacement for a slot with no live process
+            taken = {procs[p]["slot"] for p in alive}
+            free = [s for s in slots if s not in taken]
+            if free:
+                s = rng.choice(free)
+                procs[next_pid] = {"slot": s, "gen": -1, "alive": True}
+                check(ask(w, s, next_pid, -1, reason="join", step=-1), next_pid)
+                next_pid += 1
+        elif roll < 0.4:
+            clock.t += rng.choice([0.1, 1.0, 6.0])
+            w.tick()
+        else:  # a live process asks (again): error, or grow once flagged
+            awake = [p for p in alive if not procs[p].get("frozen")]
+            if not awake:
+                continue
+            pid = rng.choice(awake)
+            v = procs[pid]
+            reason = "join" if v["gen"] < 0 else ("grow" if f"live/grow/{v['gen']}" in w.keys else "error")
+            if v["gen"] >= 0 and v["slot"] not in w.members and reason != "grow":
+                reason = "error"
+            answer = ask(w, v["slot"], pid, v["gen"], reason=reason)
+            again = ask(w, v["slot"], pid, v["gen"], reason=reason) if answer.state == "ready" else None
+            check(answer, pid)
+            if again is not None:  # the answer was lost: asking again gives the same place
+                assert (again.generation, again.rank) == (answer.generation, answer.rank)
+        assert w.generation >= last_generation
+        last_generation = w.generation
+        assert len(set(w.members)) == len(w.members) and w.members == sorted(w.members)
+        assert not any(procs[p]["slot"] in w.members and p in dead and procs[p]["gen"] == w.generation
+                       and w.dead.get(procs[p]["slot"], 0) == 0 for p in procs)
+
+    # liveness: every live process asks until placed (members at a step boundary see the
+    # grow flag and ask too); the clock moves past the straggler timeout
+    def awake(v: dict) -> bool:
+        return v["alive"] and not v.get("frozen")
+
+    for pid, v in procs.items():  # the agents' hang watchers kill the frozen ones
+        if v["alive"] and v.get("frozen"):
+            v["alive"] = False
+            dead.add(pid)
+            w.worker_died(v["slot"], pid)
+    holders = any(awake(v) and v["gen"] >= 0 for v in procs.values())
+    for _ in range(4):
+        for pid, v in procs.items():
+            if not awake(v):
+                continue
+            if v["gen"] < 0:
+                reason = "join"
+            elif v["gen"] < w.generation or v["slot"] not in w.members or v.get("waiting"):
+                reason = "error"
+            elif f"live/grow/{v['gen']}" in w.keys:
+                reason = "grow"
+            else:
+                continue
+            check(ask(w, v["slot"], pid, v["gen"], reason=reason), pid)
+        clock.t += 6.0
+        w.tick()
+    if holders:  # someone holds the state: every awake process ends up in the newest generation
+        stuck = {p: v for p, v in procs.items() if awake(v) and (v["gen"] != w.generation or v.get("waiting"))}
+        assert not stuck, f"not placed in generation {w.generation}: {stuck}"
+        assert {v["slot"] for v in procs.values() if awake(v)} <= set(w.members)

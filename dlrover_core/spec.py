@@ -187,7 +187,10 @@ class Failure:
         heartbeat_interval_s: how often agents report to the master.
         heartbeat_timeout_s: an agent silent this long is declared lost (and relaunched).
         max_node_failures: a node whose workers failed first (or that was lost) this many
-            times is excluded from the job and replaced.
+            times within ``node_failure_window_s`` is excluded from the job and replaced.
+        node_failure_window_s: the window of ``max_node_failures`` (seconds): failures
+            older than this are forgiven, so a healthy node is not excluded for failures
+            spread over a long job (a node failing this often is likely broken).
         stop_grace_s: after SIGTERM, how long workers get before SIGKILL.
         collective_timeout_s: timeout of the worker process group's collectives.
         warm_restart: keep standby processes per node that have already imported torch and
@@ -206,6 +209,7 @@ class Failure:
     heartbeat_interval_s: float = 0.5
     heartbeat_timeout_s: float = 30.0
     max_node_failures: int = 3
+    node_failure_window_s: float = 300.0
     stop_grace_s: float = 10.0
     collective_timeout_s: float = 300.0
     warm_restart: bool = True
@@ -225,6 +229,7 @@ class Failure:
                 f"more than failure.heartbeat_interval_s ({self.heartbeat_interval_s})",
             )
         _int_at_least("failure.max_node_failures", self.max_node_failures, 1)
+        _positive_number("failure.node_failure_window_s", self.node_failure_window_s)
         _positive_number("failure.stop_grace_s", self.stop_grace_s)
         _positive_number("failure.collective_timeout_s", self.collective_timeout_s)
         for name in ("warm_restart", "live_recovery"):

@@ -148,3 +148,85 @@ def test_goodput_counts_each_kept_step_once():
 def test_signal_names():
     assert signal_name(-9) == "SIGKILL" and signal_name(137) == "SIGKILL"
     assert signal_name(1) is None and signal_name(None) is None
+
+
+# ----- recovery without stopping (DESIGN §5a) ------------------------------------------------
+
+
+class FakeStore:
+    """The round store's ``set`` (the master raises the live world's grow flag with it)."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, str] = {}
+
+    def set(self, key: str, value: str) -> None:
+        self.keys[key] = value
+
+
+def live_master(workdir, **failure):
+    (workdir / "t.py").write_text("")
+    job = Job(name="m", entrypoint="t.py", nodes=Nodes(min=2, max=2),
+              failure=Failure(**{"max_restarts": 5, "heartbeat_timeout_s": 30, **failure}))
+    ports = iter(range(5000, 6000))
+    clock = Clock()
+    m = JobMaster(job, "job-1", store_host="127.0.0.1", store_factory=lambda: (next(ports), FakeStore()),
+                  log_dir=workdir, clock=clock)
+    m.clock = clock
+    form_round(m)
+    return m
+
+
+def ready(m, node_id):
+    from dlrover_core.protocol import LiveReform
+
+    return m.live_reform(LiveReform(node_id=node_id, local_rank=0, pid=100 + node_id, round=0, generation=0,
+                                    reason="ready"))
+
+
+def test_a_failed_worker_is_replaced_live_when_every_survivor_loops_with_train_steps(workdir):
+    from dlrover_core.protocol import Action
+
+    m = live_master(workdir)
+    assert ready(m, 0).state == ready(m, 1).state == "ready"
+    answer = fail(m, 1, 0, 1, -9)
+    assert answer.action == Action.REPLACE
+    record, counted = m.failures[-1]
+    assert counted and record.recovery == "live" and record.action.startswith("live:")
+    assert m.required_round == 0 and m.restarts == 1  # no new round: the survivors go on
+
+
+def test_without_train_steps_every_worker_restarts_and_the_record_says_why(workdir):
+    from dlrover_core.protocol import Action
+
+    m = live_master(workdir)
+    ready(m, 0)  # node 1's worker never reached train.steps()
+    answer = fail(m, 0, 0, 0, -9)
+    assert answer.action == Action.RESTART
+    record, _ = m.failures[-1]
+    assert record.recovery == "restart_all" and "not live" in record.action and "train.steps()" in record.action
+    assert m.required_round == 1
+
+
+def test_live_recovery_off_or_sharded_state_restarts_every_worker(workdir):
+    m = live_master(workdir, live_recovery=False)
+    assert m.live is None and m.live_why == "failure.live_recovery=False"
+    (workdir / "t.py").write_text("")
+    from dlrover_core import Parallel
+
+    job = Job(name="m", entrypoint="t.py", nodes=2, parallel=Parallel(["fsdp"]))
+    sharded = JobMaster(job, "job-2", store_host="h", store_factory=lambda: (1, FakeStore()), clock=Clock())
+    assert "'fsdp' shards the training state" in sharded.live_why
+
+
+def test_node_failures_count_within_a_window(workdir):
+    m = live_master(workdir, max_node_failures=2, node_failure_window_s=60)
+    ready(m, 0)
+    ready(m, 1)
+    fail(m, 1, 0, 1, -9)
+    m.clock.t += 120  # the first failure is forgiven by now
+    ready_again = m.nodes[1]
+    fail(m, 1, 0, 1, -9)
+    assert ready_again.state != "excluded" and m.nodes[1].failures == 2
+    m.clock.t += 10
+    fail(m, 1, 0, 1, -9)  # two within 60 s
+    assert m.nodes[1].state == "excluded"

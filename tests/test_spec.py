@@ -45,6 +45,8 @@ def make(script, **kw):
         (lambda: Failure(node_check="yes"), "failure.node_check", "True or False"),
         (lambda: Failure(heartbeat_interval_s=5, heartbeat_timeout_s=5), "failure.heartbeat_timeout_s", "more than"),
         (lambda: Failure(stop_grace_s=-1), "failure.stop_grace_s", "> 0"),
+        (lambda: Failure(live_recovery="yes"), "failure.live_recovery", "True or False"),
+        (lambda: Failure(node_failure_window_s=0), "failure.node_failure_window_s", "> 0"),
         (lambda: Optimizer(""), "optimizer.name", "registered optimizer"),
         (lambda: Optimizer("adamw", lr=object()), "optimizer.options", "JSON-safe"),
         (lambda: Parallel([42]), "parallel.strategies[0]", "(name, {options})"),

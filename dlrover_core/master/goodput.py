@@ -12,7 +12,9 @@ down by phase, on the master's clock:
   workers, saving at the breakpoint);
 * ``rendezvous_s``: from a round's first join to its completion (the first round too);
 * ``startup_s``: from a round's completion to its first step (process start, imports,
-  process group; restore time excluded).
+  process group; restore time excluded);
+* ``reform_s``: the survivors re-forming the live world after a failure or for a joiner
+  (worker-measured; DESIGN §5a).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 __all__ = ["GoodputTracker"]
 
-PHASES = ("detection_s", "restart_s", "rendezvous_s", "startup_s")
+PHASES = ("detection_s", "restart_s", "rendezvous_s", "startup_s", "reform_s")
 
 
 class GoodputTracker:
@@ -73,6 +75,9 @@ class GoodputTracker:
                 for s in [s for s in self._pending if s <= step]:
                     self._committed_s += self._pending.pop(s)
                 self.last_committed_step = step
+        elif kind == "live":  # rank 0 re-formed; a replacement's wait to join is not the survivors' time
+            if record.get("reason") != "join":
+                self.phases["reform_s"] += float(record.get("reform_s", 0.0))
         elif kind == "restore":
             load_s = float(record.get("load_s", 0.0))
             self.restore_s += load_s
@@ -134,5 +139,5 @@ class GoodputTracker:
         g._committed_s = data["committed_s"]
         g.recomputed_s, g.checkpoint_stall_s, g.restore_s = data["recomputed_s"], data["checkpoint_stall_s"], data["restore_s"]
         g.last_step, g.last_committed_step = data["last_step"], data["last_committed_step"]
-        g.phases.update(data["phases"])
+        g.phases.update(data["phases"])  # (a journal from before reform_s lacks it: 0)
         return g

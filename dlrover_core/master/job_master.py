@@ -17,8 +17,16 @@ every answer (:class:`~dlrover_core.protocol.messages.Action`):
 * ``"restart"``: stop your workers and join the next rendezvous round;
 * ``"stop"``: the job is over for you (it ended, or your node was excluded); stop and exit.
 
-Decisions (DESIGN §5):
+Decisions (DESIGN §5, §5a):
 
+* a failure in a job whose training state is replicated (``ddp``; no ``fsdp``/``mesh``/``auto``)
+  and whose workers all loop with ``train.steps()`` does not stop the others: the failed
+  workers (or a lost node's) are marked dead in the round's live world
+  (:mod:`~dlrover_core.master.live`), the agent is answered ``replace``, the survivors form
+  the next generation of the process group among themselves and the replacements join it
+  with their live state. It costs one restart of the budget, like any failure; the round
+  goes on. Otherwise (``failure.live_recovery=False``, sharded state, a script without
+  ``train.steps()``, no survivor) every worker restarts, and the failure record says why;
 * the first failure of a round restarts every worker into the next round while the job-wide
   budget (``Failure.max_restarts``) lasts; later failures of the same round are its
   consequences and cost nothing;
@@ -26,7 +34,8 @@ Decisions (DESIGN §5):
   job with the traceback (:class:`~dlrover_core.master.failures.DeterministicErrorDetector`);
 * a node silent for ``Failure.heartbeat_timeout_s`` is lost: its workers' failure is
   counted, and the scheduler backend relaunches it; a node that failed
-  ``Failure.max_node_failures`` times is excluded and replaced by a new node;
+  ``Failure.max_node_failures`` times within ``Failure.node_failure_window_s`` is excluded and
+  replaced by a new node;
 * with ``Failure(node_check=True)``, the nodes of a round about to form first run the
   accelerator's check in pairs (:mod:`~dlrover_core.master.node_check`); a faulty node is
   excluded and replaced, stragglers are reported (and excluded if asked);
@@ -600,7 +609,7 @@ class JobMaster:
                 action = live_action
                 replaced = True
             else:
-                node.failures += 1
+                node.failed(self._now())
                 silent = max((f.silent_s for f in failures), default=0.0)
                 self.goodput.failed(self._clock(), silent_s=silent)
                 if self.restarts < self.job.failure.max_restarts:
@@ -649,10 +658,8 @@ class JobMaster:
                 self._finish(JobState.FAILED, (
                     f"not retryable: every rank raised {exc.exc_type}: {exc.message} {when}; "
                     f"restarting cannot help.\n{exc.traceback}").rstrip())
-            elif (counted and not replaced and not self.state.is_terminal and self._held is None
-                  and node.failures >= self.job.failure.max_node_failures):
-                self._exclude(node, f"it failed {node.failures} times (failure.max_node_failures="
-                                    f"{self.job.failure.max_node_failures})")
+            elif counted and not self.state.is_terminal and self._held is None and self._too_many_failures(node):
+                self._exclude(node, self._failures_why(node))
             if replaced and not self.state.is_terminal:
                 return ActionAnswer(action=Action.REPLACE)
             return ActionAnswer(action=self._action(round_index, node))
@@ -678,13 +685,25 @@ class JobMaster:
         log.info("restart_released", round=round_index, node_id=node_id)
         self._event("workers_restarted", round=self.required_round, restarts=self.restarts)
         node = self.nodes.get(node_id)
-        if node is not None and not node.gone and node.failures >= self.job.failure.max_node_failures:
-            self._exclude(node, f"it failed {node.failures} times (failure.max_node_failures="
-                                f"{self.job.failure.max_node_failures})")
+        if node is not None and not node.gone and self._too_many_failures(node):
+            self._exclude(node, self._failures_why(node))
+
+    def _too_many_failures(self, node: NodeRecord) -> bool:
+        f = self.job.failure
+        return node.recent_failures(self._now(), f.node_failure_window_s) >= f.max_node_failures
+
+    def _failures_why(self, node: NodeRecord, *, lost: bool = False) -> str:
+        f = self.job.failure
+        recent = node.recent_failures(self._now(), f.node_failure_window_s)
+        return (f"{'lost' if lost else 'it failed'} {recent} times in {f.node_failure_window_s:g} s "
+                f"(failure.max_node_failures={f.max_node_failures}, failure.node_failure_window_s="
+                f"{f.node_failure_window_s:g})")
 
     def _exclude(self, node: NodeRecord, why: str) -> None:
         """Take a node out of the job for good and ask for a replacement."""
         node.state = "excluded"
+        if self.live is not None:
+            self.live.node_died(node.node_id)
         self._gone_why[node.node_id] = f"excluded: {why}"
         self.rdzv.leave(node.node_id)
         log.warning("node_excluded", node_id=node.node_id, reason=why)
@@ -972,7 +991,7 @@ class JobMaster:
             self._event("live_recovery_unavailable", round=round_index, reason=why)
             return None
         self.restarts += 1
-        node.failures += 1
+        node.failed(self._now())
         self._live_progress()
         survivors = len(live.survivors())
         what = (f"node {node.node_id} relaunched" if any(f.rank is None for f in failures)
@@ -1031,12 +1050,12 @@ class JobMaster:
             self.failure(FailureReport(node_id=node.node_id, round=rnd.index, failures=(
                 WorkerFailure(kind="node_lost", detail=why),)))
         else:
-            node.failures += 1
+            node.failed(self._now())
         self._note_node(node, point="node_lost")
         if self.state.is_terminal or node.state == "excluded":
             return
-        if node.failures >= self.job.failure.max_node_failures:
-            self._exclude(node, f"lost {node.failures} times (failure.max_node_failures={self.job.failure.max_node_failures})")
+        if self._too_many_failures(node):
+            self._exclude(node, self._failures_why(node, lost=True))
         elif self._relaunch is not None:
             self._start_relaunch(node.node_id, replaces=node.node_id, reason=f"node {node.node_id} was lost")
         else:
@@ -1231,6 +1250,6 @@ class JobMaster:
                 checkpoint_stall_s=g.checkpoint_stall_s, restore_s=g.restore_s, recomputed_s=g.recomputed_s,
                 detection_s=g.phases["detection_s"], restart_s=g.phases["restart_s"],
                 rendezvous_s=g.phases["rendezvous_s"], startup_s=g.phases["startup_s"],
-                failures=tuple(f for f, _ in self.failures),
+                reform_s=g.phases["reform_s"], failures=tuple(f for f, _ in self.failures),
                 metrics=dict(self.metrics), log_dir=str(self.log_dir or ""),
             )

@@ -39,8 +39,18 @@ class NodeRecord:
     workers: dict[int, int] = attrs.field(factory=dict)  # rank -> pid
     steps: dict[int, int] = attrs.field(factory=dict)  # rank -> newest step
     failures: int = 0  # failures attributed to this node (its workers failed first, or it was lost)
+    failed_at: list[float] = attrs.field(factory=list)  # when each was (seconds since the job started)
     relaunches: int = 0
     token: int = 0  # fencing token of the node's current agent (0: none registered yet)
+
+    def failed(self, now_s: float) -> None:
+        """Count a failure of this node at ``now_s`` (seconds since the job started)."""
+        self.failures += 1
+        self.failed_at.append(now_s)
+
+    def recent_failures(self, now_s: float, window_s: float) -> int:
+        """Failures in the last ``window_s`` seconds."""
+        return sum(1 for t in self.failed_at if now_s - t <= window_s)
 
     @property
     def gone(self) -> bool:
@@ -62,7 +72,8 @@ class NodeRecord:
     @classmethod
     def from_journal(cls, data: dict[str, Any]) -> NodeRecord:
         """Inverse of :meth:`to_journal` (after JSON: rank keys are strings)."""
-        return cls(**{**data, "workers": {int(k): v for k, v in data["workers"].items()},
+        return cls(**{**data, "failed_at": list(data.get("failed_at", ())),
+                      "workers": {int(k): v for k, v in data["workers"].items()},
                       "steps": {int(k): v for k, v in data["steps"].items()}})
 
 

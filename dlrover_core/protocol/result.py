@@ -76,6 +76,9 @@ class JobResult:
         rendezvous_s: seconds spent forming rounds (the first one included).
         startup_s: seconds from rounds' completion to their first step, restore excluded.
         failures: one record per failure, in order.
+        reform_s: seconds the surviving workers spent re-forming the live world (leaving the
+            process group, waiting for the next generation, catching up), rank 0's; the
+            step each failure interrupted is not in it.
         metrics: newest value of every metric rank 0 reported.
         log_dir: the run's directory.
     """
@@ -98,6 +101,7 @@ class JobResult:
     failures: tuple[FailureRecord, ...]
     metrics: dict[str, float]
     log_dir: str
+    reform_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return _converter.unstructure(self)
@@ -114,7 +118,7 @@ class JobResult:
             f"  goodput {self.goodput:.1%}: productive {self.productive_s:.1f} s, checkpoint stall "
             f"{self.checkpoint_stall_s:.2f} s, restore {self.restore_s:.2f} s, recomputed {self.recomputed_s:.1f} s, "
             f"detection {self.detection_s:.1f} s, restart {self.restart_s:.1f} s, rendezvous {self.rendezvous_s:.1f} s, "
-            f"startup {self.startup_s:.1f} s",
+            f"startup {self.startup_s:.1f} s" + (f", live re-forms {self.reform_s:.2f} s" if self.reform_s else ""),
         ]
         for f in self.failures:
             who = f"rank {f.rank}" if f.rank is not None else f"node {f.node_id}"

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -61,14 +62,17 @@ log = get_logger()
 
 #: How often a worker asks the master again while its generation forms (seconds).
 _POLL_S = 0.01
+#: How often rank 0's watcher asks the store whether a replacement waits to join (seconds).
+_WATCH_S = 0.05
 #: Substrings of the errors gloo and NCCL raise when a peer died or the group was aborted.
 _COLLECTIVE_ERRORS = ("gloo", "nccl", "connection", "closed by peer", "reset by peer", "broken pipe",
                       "timed out", "aborted", "process group", "processgroup", "socket")
 
 
 class LiveRecoveryError(DLRoverError):
-    """The live world cannot go on (the master ordered every worker to restart, or the job
-    ended); the worker exits and its agent does what the master said."""
+    """The job master cannot be reached while the world re-forms (a worker whose world
+    cannot go on live — every worker restarts, or the job ended — exits quietly instead:
+    its agent stops it anyway)."""
 
 
 def is_collective_error(exc: BaseException) -> bool:
@@ -148,6 +152,7 @@ class _Loop:
         self._failed: BaseException | None = None
         self._client: Any = None
         self._hooks: list[Any] = []
+        self._watch = _GrowWatch(self)
         self._node_id = int(os.environ.get(env.NODE_ID, "0"))
         self._local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self._round = int(os.environ.get(env.ROUND, "0"))
@@ -184,6 +189,7 @@ class _Loop:
             if self.live:
                 self._tell_done()
         finally:
+            self._watch.stop()
             for hook in self._hooks:
                 hook.remove()
             if self._client is not None:
@@ -218,20 +224,27 @@ class _Loop:
                 answer = self._master().live_reform(message)
             except MasterUnavailableError as exc:
                 raise LiveRecoveryError(f"the job master is unreachable: {exc}") from exc
-            if answer.state == "ready" or (answer.state == "finished" and reason == "done"):
+            if answer.state == "ready":
                 return answer
             if answer.state == "finished":  # a replacement: the others finished the last step
                 log.info("live_join_not_needed", node_id=self._node_id, local_rank=self._local_rank,
                          reason=answer.reason)
                 raise SystemExit(0)
             if answer.state in ("restart", "stop"):
-                raise LiveRecoveryError(f"live recovery ended ({answer.state}): {answer.reason}")
+                if reason == "ready":  # this job's failures restart every worker: a plain loop then
+                    return answer
+                # every worker restarts (or the job ended): the agent stops this process anyway;
+                # exit quietly, no exception record (it is not this script's error)
+                log.warning("live_recovery_ended", state=answer.state, reason=answer.reason, rank=self.rank)
+                raise SystemExit(1)
             time.sleep(_POLL_S)
 
     def _tell_done(self) -> None:
         """The last step is done: a replacement still waiting to join need not."""
-        with contextlib.suppress(LiveRecoveryError):
-            self._ask("done")
+        message = LiveReform(node_id=self._node_id, local_rank=self._local_rank, pid=os.getpid(), round=self._round,
+                             generation=self.generation, step=self.applied, reason="done")
+        with contextlib.suppress(DLRoverError):  # (whatever the answer: this worker is done)
+            self._master().live_reform(message)
 
     def _start(self) -> None:
         if is_joiner():
@@ -240,19 +253,25 @@ class _Loop:
             self._recover("join", None)
         else:
             answer = self._ask("ready")
+            if answer.state != "ready":
+                log.info("live_recovery_off", reason=answer.reason)
+                self.live = False
+                return
             self.grow_key = answer.grow_key or self.grow_key
 
     def _boundary(self) -> bool:
         """Whether the generation ends at this step boundary (a replacement waits to join):
-        rank 0 looks at the store, one all-reduce tells everyone."""
+        rank 0's watcher thread has seen the grow flag in the store; one small all-reduce
+        tells everyone (the only per-step cost of the live world)."""
         import torch  # heavy: torch
         import torch.distributed as dist  # heavy: torch
 
         if not dist.is_initialized():
             return False
         flag = 0
-        if self.rank == 0 and process_group._store is not None:
-            flag = int(process_group._store.check([self.grow_key]))
+        if self.rank == 0:
+            self._watch.start()
+            flag = int(self._watch.seen == self.grow_key)
         if self.world_size == 1:
             return bool(flag)
         t = torch.tensor([flag], dtype=torch.int32)
@@ -277,7 +296,7 @@ class _Loop:
                 obj.set_world(self.rank, self.world_size)
         writer = get_writer()
         writer.rank = self.rank
-        writer.write({"type": "live", "reason": reason, "generation": self.generation, "world_size": self.world_size,
+        writer.write({"type": "live", "rank": self.rank, "reason": reason, "generation": self.generation, "world_size": self.world_size,
                       "step": self.next_step, "reform_s": round(time.monotonic() - t0, 6)})
         writer.mark()  # the next step's time leaves the re-form out
         self._in_flight = None
@@ -315,6 +334,45 @@ class _Loop:
         return me_behind
 
 
+class _GrowWatch:
+    """Rank 0's watch on the grow flag, on a thread and a store connection of its own, so the
+    training thread pays nothing per step but the boundary all-reduce."""
+
+    def __init__(self, loop: _Loop) -> None:
+        self._loop = loop
+        self.seen = ""  # the newest grow key found set
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self._thread is None and process_group._store_addr is not None:
+            self._thread = threading.Thread(target=self._run, name="dlrover-grow-watch", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        import torch.distributed as dist  # heavy: torch
+
+        assert process_group._store_addr is not None
+        host, port = process_group._store_addr
+        try:
+            store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=30), use_libuv=True)
+        except Exception as exc:  # the round's store is gone: the next collective fails anyway
+            log.debug("live_grow_watch_failed", error=str(exc))
+            return
+        while not self._stop.wait(_WATCH_S):
+            key = self._loop.grow_key
+            if self._loop.rank != 0 or key == self.seen:
+                continue
+            try:
+                if store.check([key]):
+                    self.seen = key
+            except Exception:  # the store went away (the round ended)
+                return
+
+
 def steps(total: int, state: dict[str, Any], *, start: int = 0) -> Iterator[Step]:
     """The training loop's steps ``start .. total - 1``, each a :class:`Step` to guard the body with.
 
@@ -331,8 +389,11 @@ def steps(total: int, state: dict[str, Any], *, start: int = 0) -> Iterator[Step
         around the body discards a step a peer's death interrupted and re-forms the world.
 
     Raises:
-        LiveRecoveryError: the master ended the live world (it ordered a restart of every
-            worker, or the job ended).
+        LiveRecoveryError: the job master is unreachable while the world re-forms.
+        SystemExit: (code 1) the world cannot go on live after a peer's death: every
+            worker restarts from a checkpoint (or the job ended); the agent stops this
+            process anyway. A replacement exits 0 when the others finished the last step
+            before it could join.
     """
     return iter(_Loop(total, state, start))
 

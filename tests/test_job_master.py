@@ -230,3 +230,18 @@ def test_node_failures_count_within_a_window(workdir):
     m.clock.t += 10
     fail(m, 1, 0, 1, -9)  # two within 60 s
     assert m.nodes[1].state == "excluded"
+
+
+def test_a_step_written_only_at_a_breakpoint_on_some_nodes_does_not_fail_the_job(tmp_path):
+    """After a failure each node persists what memory holds on its own schedule; a step
+    written that way by some ranks only (none saved it for storage) is no misuse. A step
+    saved for storage that misses a rank still is."""
+    from dlrover_core.master.checkpoints import CheckpointCoordinator
+    from dlrover_core.protocol import ShardReport
+    from dlrover_core.storage.posix import PosixStorage
+
+    c = CheckpointCoordinator(PosixStorage(str(tmp_path)), keep_last=2, event=lambda *a, **k: None)
+    c.shard_done(ShardReport(node_id=0, rank=0, step=19, world_size=2, round=1, due=False))
+    assert c.final_problem() is None
+    c.shard_done(ShardReport(node_id=0, rank=0, step=20, world_size=2, round=1))
+    assert "rank(s) [1] never saved it" in c.final_problem()

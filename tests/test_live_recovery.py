@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 SAMPLES, BATCH = 96, 4
 
 
-def live_job(tmp: Path, name: str, *, steps: int = 60, nodes: int = 2, nproc: int = 1, sleep_s: float = 0.1,
+def live_job(tmp: Path, name: str, *, steps: int = 150, nodes: int = 2, nproc: int = 1, sleep_s: float = 0.1,
              max_restarts: int = 5, hang_timeout_s: float | None = None, persist_every: int = 10) -> Job:
     return Job(
         name=name, entrypoint=str(SCRIPTS / "live_train.py"),
@@ -105,7 +105,7 @@ def finish(run, shm_before: set[str]):
     result = run.wait(progress=False, timeout_s=180)
     assert result.state == JobState.SUCCEEDED, result.reason
     assert job_processes(result.job_id) == []
-    assert shm_entries() - shm_before == set()
+    assert {e for e in shm_entries() - shm_before if result.job_id in e} == set()  # (other jobs may run meanwhile)
     return result
 
 
@@ -130,14 +130,14 @@ def test_sigkilled_worker_is_replaced_while_the_survivor_keeps_training(tmp_path
     reformed = [(e["reason"], e["world_size"]) for e in events if e["kind"] == "live_reformed"]
     assert reformed == [("error", 1), ("grow", 2)], reformed
     assert not any(e["kind"] == "rendezvous_completed" and e["round"] > 0 for e in events)
-    check_lineage(tmp_path, steps=60, world_size=2, survivors={pids[0]})
+    check_lineage(tmp_path, steps=150, world_size=2, survivors={pids[0]})
     check_committed_steps(tmp_path / "ck")
 
 
 @pytest.mark.timeout(300)
 def test_two_workers_killed_in_quick_succession_on_a_three_worker_node(tmp_path):
     shm_before = shm_entries()
-    run = live_job(tmp_path, "live2", nodes=1, nproc=3, steps=70).submit()
+    run = live_job(tmp_path, "live2", nodes=1, nproc=3, steps=200).submit()
     pids = first_pids(run, 3)
     wait_for(lambda: run.status().step >= 10, 60, "step 10")
     os.kill(pids[1], signal.SIGKILL)
@@ -147,13 +147,13 @@ def test_two_workers_killed_in_quick_succession_on_a_three_worker_node(tmp_path)
     assert result.restarts == 2 and all(f.recovery == "live" for f in result.failures), result.failures
     sizes = [e["world_size"] for e in job_events(result) if e["kind"] == "live_reformed"]
     assert sizes[-1] == 3 and min(sizes) == 1, sizes
-    check_lineage(tmp_path, steps=70, world_size=3, survivors={pids[0]})
+    check_lineage(tmp_path, steps=200, world_size=3, survivors={pids[0]})
 
 
 @pytest.mark.timeout(300)
 def test_replacement_killed_while_it_joins(tmp_path):
     shm_before = shm_entries()
-    run = live_job(tmp_path, "live3", steps=70).submit()
+    run = live_job(tmp_path, "live3", steps=200).submit()
     pids = first_pids(run, 2)
     wait_for(lambda: run.status().step >= 10, 60, "step 10")
     os.kill(pids[1], signal.SIGKILL)
@@ -162,7 +162,7 @@ def test_replacement_killed_while_it_joins(tmp_path):
     os.kill(replacement, signal.SIGKILL)  # it is still starting (importing, building its model) or joining
     result = finish(run, shm_before)
     assert result.restarts == 2 and [f.recovery for f in result.failures] == ["live", "live"]
-    by_step = check_lineage(tmp_path, steps=70, world_size=2, survivors={pids[0]})
+    by_step = check_lineage(tmp_path, steps=200, world_size=2, survivors={pids[0]})
     assert all(r["pid"] != replacement for records in by_step.values() for r in records)
 
 
@@ -178,7 +178,7 @@ def test_stopped_worker_is_replaced_after_the_hang_timeout(tmp_path):
     result = finish(run, shm_before)
     (failure,) = result.failures
     assert failure.kind == "hang" and failure.recovery == "live", failure
-    check_lineage(tmp_path, steps=60, world_size=2, survivors={pids[0]})
+    check_lineage(tmp_path, steps=150, world_size=2, survivors={pids[0]})
 
 
 @pytest.mark.timeout(300)
@@ -186,7 +186,7 @@ def test_kill_during_checkpoint_persists_keeps_every_commit_whole(tmp_path):
     """Persist every 2 steps, kill at random moments around them: the commits stay whole and
     the final step is committed."""
     shm_before = shm_entries()
-    run = live_job(tmp_path, "live5", steps=160, persist_every=2, sleep_s=0.05).submit()
+    run = live_job(tmp_path, "live5", steps=400, persist_every=2, sleep_s=0.05).submit()
     pids = first_pids(run, 2)
     for i, at in enumerate((8, 50)):
         wait_for(lambda at=at, i=i: run.status().step >= at and len(reformed(run)) == 2 * i, 90,
@@ -195,8 +195,8 @@ def test_kill_during_checkpoint_persists_keeps_every_commit_whole(tmp_path):
     result = finish(run, shm_before)
     assert result.restarts == 2
     steps = check_committed_steps(tmp_path / "ck")
-    assert steps[-1] == 159
-    check_lineage(tmp_path, steps=160, world_size=2, survivors={pids[0]})
+    assert steps[-1] == 399
+    check_lineage(tmp_path, steps=400, world_size=2, survivors={pids[0]})
 
 
 @pytest.mark.timeout(240)
@@ -217,7 +217,7 @@ def test_killed_agent_node_is_relaunched_and_rejoins_while_the_other_keeps_train
     """SIGKILL node 1's agent (its worker dies with it): the local scheduler tells the master
     at once, the survivor goes on alone, the relaunched node's worker rejoins live."""
     shm_before = shm_entries()
-    run = live_job(tmp_path, "live6", steps=150).submit()
+    run = live_job(tmp_path, "live6", steps=200).submit()
     pids = first_pids(run, 2)
     wait_for(lambda: run.status().step >= 10, 60, "step 10")
     handle = json.loads((Path(run.handle.log_dir) / "handle.json").read_text())
@@ -228,4 +228,4 @@ def test_killed_agent_node_is_relaunched_and_rejoins_while_the_other_keeps_train
     events = job_events(result)
     assert [(e["reason"], e["world_size"]) for e in events if e["kind"] == "live_reformed"] == [("error", 1), ("grow", 2)]
     assert not any(e["kind"] == "rendezvous_completed" and e["round"] > 0 for e in events)
-    check_lineage(tmp_path, steps=150, world_size=2, survivors={pids[0]})
+    check_lineage(tmp_path, steps=200, world_size=2, survivors={pids[0]})

@@ -30,8 +30,9 @@ def world(members, clock=None, timeout_s=30.0):
 
 
 def ask(w, slot, pid, generation, reason="error", step=5):
+    """A worker asks; a replacement (``join``) does not hold the state yet."""
     return w.reform(LiveReform(node_id=slot[0], local_rank=slot[1], pid=pid, round=0, generation=generation,
-                               step=step, reason=reason))
+                               step=step, reason=reason, replica=reason != "join"))
 
 
 def test_survivors_form_the_next_generation_once_every_live_member_asked():
@@ -99,6 +100,18 @@ def test_a_waiting_replacement_is_told_finished_when_the_members_are_done():
     assert ask(w, (1, 0), 20, -1, reason="join").state == "waiting"
     assert ask(w, (0, 0), 10, 1, reason="done").state == "finished"
     assert ask(w, (1, 0), 20, -1, reason="join").state == "finished"
+
+
+def test_replacements_alone_never_form_a_generation():
+    """Without a replica (every worker that held the state died) the replacements would start
+    from nothing: they wait (the master restarts every worker meanwhile)."""
+    w = world([(0, 0), (1, 0)])
+    w.worker_died((0, 0))
+    w.worker_died((1, 0))
+    assert ask(w, (0, 0), 20, -1, reason="join", step=-1).state == "waiting"
+    assert ask(w, (1, 0), 21, -1, reason="join", step=-1).state == "waiting"
+    w.tick()
+    assert w.generation == 0
 
 
 def test_a_dead_node_takes_all_its_workers():

@@ -84,6 +84,10 @@ _POLL_S = 0.05
 #: After a failure, how long restarted workers get to restore before the agent persists
 #: the snapshots held in memory anyway (seconds).
 _BREAKPOINT_GRACE_S = 10.0
+#: Before a hang is reported in a job with live recovery, how long the agent waits for the
+#: workers to make progress again (seconds): they may wait on a process that another node's
+#: agent found stopped and is replacing.
+_HANG_CONFIRM_S = 2.0
 #: After a worker raised before its first step, how long its node's other workers get to
 #: raise the same (seconds).
 _SIBLING_ERROR_WAIT_S = 3.0
@@ -166,6 +170,7 @@ class ElasticAgent:
         self._beat_lock = threading.Lock()  # held for a whole heartbeat (drain, send, answer)
         self._world: RoundAssignment | None = None  # the running round's assignment
         self._replacements = 0  # workers replaced in the live world (names their progress files)
+        self._saver_ranks: set[int] = set()  # the ranks whose snapshots the saver persists this round
 
     # ----- entry -----------------------------------------------------------------------
 
@@ -413,7 +418,8 @@ class ElasticAgent:
             self.workers.append(worker)
             self._tails[rank] = ProgressTail(progress, started=time.monotonic())
         if self.saver is not None:
-            self.saver.set_ranks([w.rank for w in self.workers])
+            self._saver_ranks = {w.rank for w in self.workers}
+            self.saver.set_ranks(sorted(self._saver_ranks))
         log.info("workers_started", node_id=self.node_id, round=world.round, ranks=[w.rank for w in self.workers],
                  pids=[w.pid for w in self.workers], warm=[w.warm for w in self.workers])
 
@@ -484,16 +490,22 @@ class ElasticAgent:
         records: list[dict[str, Any]] = []
         saves: dict[int, list[int]] = {}
         taken: dict[int, list] = {}
+        held: set[int] = set()  # ranks the workers reported holding
         for rank, tail in self._tails.items():
             tail.read()
             new = taken[rank] = tail.take_unsent()
             # rank 0's records: in the live world the rank a worker holds changes, and each
             # step record says which it was
             records.extend(r for r in new if r.get("rank", rank) == 0)
+            held.update(int(r["rank"]) for r in new if "rank" in r)
             persisted = [int(r["step"]) for r in new if r.get("type") == "checkpoint" and r.get("persist")]
             if persisted:
                 saves[rank] = persisted
         steps = {rank: tail.last_step for rank, tail in self._tails.items() if tail.last_step >= 0}
+        if self.saver is not None and not held <= self._saver_ranks:
+            # workers took other ranks in the live world: their snapshots are named by them
+            self._saver_ranks |= held
+            self.saver.set_ranks(sorted(self._saver_ranks))
         return steps, records, saves, taken
 
     def _heartbeat(self, round_index: int) -> Action:
@@ -540,10 +552,18 @@ class ElasticAgent:
                     continue
                 return action
             hung = self.hangs.hung(self.workers, self._tails)
+            if hung and self.job.failure.live_recovery and not any(_is_stopped(w.pid) for w in hung):
+                # the others may be waiting on a process another node is replacing right now:
+                # look again, with fresh progress, after a moment
+                self._stop.wait(_HANG_CONFIRM_S)
+                with self._state_lock:
+                    for tail in self._tails.values():
+                        tail.read()
+                hung = [w for w in self.hangs.hung(self.workers, self._tails) if w in hung]
             if hung:
                 stopped = [w for w in hung if _is_stopped(w.pid)] if self.job.failure.live_recovery else []
                 if stopped:  # the others wait on a frozen (stopped) process: it is the one to replace
-                    failures = self.hangs.failures(round_index, self.workers, stopped, self._tails)
+                    failures = self.hangs.failures(round_index, self.workers, stopped, self._tails, stopped=True)
                     action = self._report_live(round_index, stopped, failures, stop_after_s=PEER_DUMP_GRACE_S)
                     if action is None:
                         continue

@@ -86,7 +86,7 @@ class HangWatcher:
         for w in workers:
             tail = tails[w.rank]
             limit = timeout if tail.last_step >= 0 else max(timeout, STARTUP_S)
-            if w.poll() is None and now - tail.last_progress > limit:
+            if w.poll() is None and not tail.done and now - tail.last_progress > limit:
                 hung.append(w)
         return hung
 
@@ -127,15 +127,17 @@ class HangWatcher:
             log.warning("workers_stalled", node_id=self.node_id, ranks=[w.rank for w in stalled], stacks=stacks)
 
     def failures(self, round_index: int, workers: Sequence[WorkerProcess], hung: Sequence[WorkerProcess],
-                 tails: Mapping[int, ProgressTail]) -> list[WorkerFailure]:
+                 tails: Mapping[int, ProgressTail], *, stopped: bool = False) -> list[WorkerFailure]:
         """Dump every worker's stacks (the hung ones' peers too) and describe the hang: one
-        failure per hung worker, for the master."""
+        failure per hung worker, for the master. ``stopped``: the hung workers are stopped
+        processes (SIGSTOP), the ones the others wait on: they alone can be replaced."""
         timeout = self.timeout_s(tails)
         stacks = self.dump_stacks(round_index, workers)
         log.warning("workers_hung", node_id=self.node_id, ranks=[w.rank for w in hung], timeout_s=timeout,
                     steps={w.rank: tails[w.rank].last_step for w in hung}, stacks=stacks)
         now = time.monotonic()
-        return [WorkerFailure(rank=w.rank, local_rank=w.local_rank, kind="hang",
+        state = "process stopped; " if stopped else ""
+        return [WorkerFailure(rank=w.rank, local_rank=w.local_rank, kind="hang", replaceable=stopped,
                               silent_s=round(now - tails[w.rank].last_progress, 3),
-                              detail=f"no progress for {timeout:g} s at step {tails[w.rank].last_step}; "
+                              detail=f"{state}no progress for {timeout:g} s at step {tails[w.rank].last_step}; "
                                      f"stacks: {self.stack_file(round_index, w.rank)}") for w in hung]

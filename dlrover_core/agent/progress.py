@@ -25,6 +25,7 @@ class ProgressTail:
         self._offset = 0
         self._partial = b""
         self.last_step = -1
+        self.done = False  # the worker left train.steps() after its last step (it is exiting, not hung)
         self.last_progress = started
         self.step_times: list[float] = []
         self.exception: WorkerException | None = None
@@ -64,6 +65,8 @@ class ProgressTail:
             if kind == "step":
                 self.last_step = int(record["step"])
                 self.step_times = [*self.step_times[-19:], float(record.get("dt", 0.0))]
+            elif kind == "done":
+                self.done = True
             elif kind == "exception":
                 try:
                     self.exception = decode(WorkerException, record)

@@ -36,6 +36,12 @@ def _preload() -> None:
     import torch.distributed  # noqa: F401  (heavy)
 
     get_host()  # plugin discovery (entry points, plugin imports): about a second, done while waiting
+    # what a worker's first step loads on first use (autograd, the optimizers' torch._dynamo
+    # and sympy imports): about 3 s here, that a replacement would pay before it can join
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.zeros(1, 2)).sum().backward()
+    optimizer.step()
 
 
 def _run(argv: list[str]) -> None:

@@ -447,7 +447,7 @@ class CheckpointSaver:
         answer = self._tell(self._report_shard, ShardReport(
             node_id=self.node_id, rank=rank, step=h.step, world_size=h.world_size, round=h.round,
             file=path.rsplit("/", 1)[-1], crc32=crc, bytes=nbytes, persist_s=round(persist_s, 6),
-            token=self.agent or None))
+            token=self.agent or None, due=h.persist_requested))
         if answer is not None and answer.committed is not None:
             with self._lock:
                 self.committed = max(self.committed or -1, answer.committed)

@@ -192,7 +192,9 @@ class CheckpointCoordinator:
         if self.commit_error is not None and (self.latest is None or self.commit_error[0] > self.latest):
             step, error = self.commit_error
             return f"checkpoint step {step} not committed: writing its commit to storage {self.storage.url!r} failed: {error}"
-        newer = [(k, v) for k, v in self._shards.items() if self.latest is None or k[0] > self.latest]
+        # (a step only some nodes wrote at a breakpoint, none saving it for storage, is no misuse)
+        newer = [(k, v) for k, v in self._shards.items()
+                 if (self.latest is None or k[0] > self.latest) and any(s.due for s in v.values())]
         if newer:
             (step, world, _), shards = max(newer, key=lambda kv: kv[0][0])
             missing = [r for r in range(world) if r not in shards]

@@ -42,9 +42,9 @@ Decisions (DESIGN §5, §5a):
 * a round forms only when one is required; with ``Nodes(min < max)`` survivors go on without
   a lost node, and when nodes wait to join a running round that has fewer than ``max``, the
   job restarts into a bigger round (a membership change, not counted as a failure);
-* a node of the running round that exits (scaled down, preempted) makes the others restart
-  into a round without it (a membership change, not counted): no worker goes on alone in a
-  world whose other ranks are gone. When the live nodes, with those being relaunched, are
+* a node of the running round that exits (scaled down, preempted) makes the others go on
+  live without it, or else restart into a round without it (a membership change, not
+  counted): no worker goes on alone in a world whose other ranks are gone. When the live nodes, with those being relaunched, are
   fewer than ``nodes.min``, the job fails at once with a reason naming them; while a round
   waits for nodes that may still come, the status says so ("waiting for 1 more node; live:
   node 0 (1 < nodes.min=2)");
@@ -569,8 +569,10 @@ class JobMaster:
 
     # ----- failures ----------------------------------------------------------------------
 
-    def failure(self, message: FailureReport) -> ActionAnswer:
+    def failure(self, message: FailureReport, *, lost: bool = False) -> ActionAnswer:
         """Workers of a node failed (or the node was lost) in a round; decide restart or stop.
+        (``lost``: the master's own report of a node it declared lost; a node-level report
+        from outside, a scheduler's, is evidence that the node is lost.)
 
         An exception every rank raised before its first step is the script's: the job stops
         after this round, with its type and message, and no node is blamed. So that every
@@ -579,11 +581,12 @@ class JobMaster:
         node_id, round_index, failures = message.node_id, message.round, message.failures
         with self._batch():
             node = self._node(node_id)
-            if (failures and message.token is None and all(f.rank is None for f in failures)
-                    and node.state in ("running", "waiting", "registered") and not self.state.is_terminal):
+            if not lost and failures and message.token is None and all(f.rank is None for f in failures):
                 # evidence from the scheduler that the node is gone (its agent process exited):
-                # act now, not after failure.heartbeat_timeout_s of silence
-                self._lose(node, max(0.0, self._clock() - node.last_heartbeat), why=failures[0].detail)
+                # act now, not after failure.heartbeat_timeout_s of silence; an agent that
+                # exited because its node was done (succeeded, exited, excluded) is no failure
+                if node.state in ("running", "waiting", "registered") and not self.state.is_terminal:
+                    self._lose(node, max(0.0, self._clock() - node.last_heartbeat), why=failures[0].detail)
                 return ActionAnswer(action=self._action(round_index, node))
             if not node.gone:
                 node.last_heartbeat = self._clock()
@@ -791,7 +794,17 @@ class JobMaster:
             if (not self.state.is_terminal and rnd is not None and node_id in rnd and rnd.index >= self.required_round
                     and was in ("running", "waiting") and node_id not in self._succeeded_nodes):
                 log.warning("node_exited_mid_round", node_id=node_id, round=rnd.index)
-                self._new_round(f"node {node_id} exited")
+                live = self.live
+                why = "not live"
+                if live is not None and not live.closed and live.round == rnd.index:
+                    live.node_died(node_id)
+                    why = live.can_go_on()
+                if why:
+                    self._new_round(f"node {node_id} exited")
+                else:  # the others go on without it (a membership change, not counted)
+                    self._live_progress()
+                    self._event("membership_changed", round=rnd.index, from_nodes=len(rnd.node_ids),
+                                to_nodes=len(live.nodes()), reason=f"node {node_id} exited; the others go on live")
             self._check_below_min()
             return ActionAnswer(action=Action.STOP)
 
@@ -978,6 +991,13 @@ class JobMaster:
             return None
         if self.restarts >= self.job.failure.max_restarts:
             return None
+        if not all(f.replaceable for f in failures):
+            why = "workers hang and their agent cannot tell which process the others wait on"
+            live.close(why)
+            self._not_live_why = why
+            log.info("live_recovery_unavailable", round=round_index, reason=why)
+            self._event("live_recovery_unavailable", round=round_index, reason=why)
+            return None
         if any(f.local_rank is None for f in failures):  # the node itself: every worker on it
             live.node_died(node.node_id)
         else:
@@ -1048,7 +1068,7 @@ class JobMaster:
         member = rnd is not None and (node.node_id in rnd or (self.live is not None and self.live.has_node(node.node_id)))
         if rnd is not None and member and rnd.index >= self.required_round:
             self.failure(FailureReport(node_id=node.node_id, round=rnd.index, failures=(
-                WorkerFailure(kind="node_lost", detail=why),)))
+                WorkerFailure(kind="node_lost", detail=why),)), lost=True)
         else:
             node.failed(self._now())
         self._note_node(node, point="node_lost")

@@ -193,7 +193,7 @@ class LiveWorld:
             return
         survivors = self.survivors()
         came = [m for m in survivors if m in self.arrived]
-        if not any(m.generation >= 0 for m in self.arrived.values()):
+        if not any(m.replica for m in self.arrived.values()):
             return  # only replacements wait: the members end the generation at a step boundary
         if not came and survivors:
             return  # a straggler left out earlier waits like a replacement, for the members

@@ -373,6 +373,9 @@ class WorkerFailure:
             file, a lost node's silence, an eviction's reason).
         exception: the exception the worker recorded, if any.
         silent_s: seconds without progress before the failure was seen (a hang's detection time).
+        replaceable: the failed worker alone can be replaced while the others go on (its
+            process is gone, or it is the stopped process the others wait on); ``False``
+            for a hang whose cause its agent cannot tell (every worker waits on someone).
     """
 
     rank: int | None = None
@@ -382,6 +385,7 @@ class WorkerFailure:
     detail: str = ""
     exception: WorkerException | None = None
     silent_s: float = 0.0
+    replaceable: bool = True
 
     @classmethod
     def exited(cls, *, rank: int | None, local_rank: int | None, exit_code: int | None,
@@ -509,6 +513,9 @@ class ShardReport:
         bytes: size of the shard's data (bytes).
         persist_s: seconds the write took.
         token: the writing agent's fencing token.
+        due: the rank saved the step for storage (a persist it asked for, or a forced
+            save); ``False``: written only at a breakpoint, after a failure, on this node's
+            own schedule (other nodes may not write the same step).
     """
 
     node_id: int
@@ -521,6 +528,7 @@ class ShardReport:
     bytes: int = 0
     persist_s: float = 0.0
     token: int | None = None
+    due: bool = True
 
 
 @attrs.frozen(kw_only=True)
@@ -669,6 +677,8 @@ class LiveReform:
             ``"grow"`` (the generation ends at this step boundary for a joiner), ``"join"``
             (a replacement waits to join) or ``"done"`` (it finished the last step).
         error: with ``error``: the collective's error message.
+        replica: it holds the training state (``False``: a replacement that has not caught
+            up yet; a generation forms only with a replica in it).
     """
 
     node_id: int
@@ -679,6 +689,7 @@ class LiveReform:
     step: int = -1
     reason: str = "error"
     error: str = ""
+    replica: bool = True
 
 
 @attrs.frozen(kw_only=True)

@@ -167,6 +167,15 @@ class Checkpointer:
     # ----- memory ------------------------------------------------------------------------
 
     def _snapshots(self, rank: int) -> MemorySnapshots | None:
+        """This process's snapshot slots for ``rank``, the rank it holds now: a snapshot's
+        segment name and header say which shard it is. In the live world ranks change hands
+        (DESIGN §5a): the slots of the old rank are let go (their snapshots stay for the
+        agent's saver, which learns the new rank from the progress records) and new ones
+        are made for the new rank."""
+        if self._memory is not None and self._memory.rank != rank:
+            log.info("checkpoint_rank_changed", old=self._memory.rank, rank=rank)
+            self._memory.close()
+            self._memory = None
         if self._memory is None and self._memory_off_reason is None:
             self._memory = MemorySnapshots(job_id=self._job_id, node_id=int(self._node_id or 0), rank=rank,
                                            agent=self._agent, round_index=self._round,

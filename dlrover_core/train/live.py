@@ -60,8 +60,17 @@ __all__ = ["LiveRecoveryError", "Step", "is_live", "steps"]
 
 log = get_logger()
 
-#: How often a worker asks the master again while its generation forms (seconds).
-_POLL_S = 0.01
+#: How often a worker asks the master again while its generation forms: first after
+#: ``_POLL_S``, then each wait 1.5 times longer up to ``_POLL_MAX_S`` (seconds), so that a
+#: re-form of thousands of workers does not flood the master.
+_POLL_S = 0.005
+_POLL_MAX_S = 0.1
+#: How long forming a generation's process group may wait for its members (seconds): they
+#: all asked a moment ago, so one that does not come died meanwhile. (Gloo waits 5 times this
+#: for a member that died halfway through connecting; below about 2 s it aborts the process.)
+_JOIN_TIMEOUT_S = 5.0
+#: Re-forms in a row a worker tries when peers keep dying while the generation forms.
+_MAX_REFORM_TRIES = 10
 #: How often rank 0's watcher asks the store whether a replacement waits to join (seconds).
 _WATCH_S = 0.05
 #: Substrings of the errors gloo and NCCL raise when a peer died or the group was aborted.
@@ -146,10 +155,12 @@ class _Loop:
         self.rank, self.world_size = info.rank, info.world_size
         self.generation = 0
         self.live = is_live()
+        self.replica = not is_joiner()  # holds the training state (a replacement: once caught up)
         self.grow_key = "live/grow/0"
         self._positions: dict[str, Any] = {}
         self._in_flight: int | None = None
-        self._failed: BaseException | None = None
+        self._failed = False  # the step in flight failed (the exception itself is not kept: its frames hold the old DDP)
+        self._failed_why = ""
         self._client: Any = None
         self._hooks: list[Any] = []
         self._watch = _GrowWatch(self)
@@ -173,18 +184,23 @@ class _Loop:
                     except Exception as exc:
                         if not is_collective_error(exc):
                             raise
-                        self._recover("error", exc)
+                        why = str(exc)
+                    else:
+                        why = ""
+                    if why:
+                        self._recover("error", why)
                         continue
                     if grow:
-                        self._recover("grow", None)
+                        self._recover("grow", "")
                         continue
                 step = Step(self.next_step, self)
                 self._positions = _positions(self.state)
-                self._in_flight, self._failed = int(step), None
+                self._in_flight, self._failed = int(step), False
                 yield step
+                if self._failed:  # the guard caught a peer's death: re-form now that the step's frames are gone
+                    self._recover("error", self._failed_why)
+                    continue  # next_step was set by the sync
                 self._in_flight = None
-                if self._failed is not None:
-                    continue  # recovered in step_exit; next_step was set by the sync
                 self.next_step = int(step) + 1
             if self.live:
                 self._tell_done()
@@ -202,10 +218,10 @@ class _Loop:
     def step_exit(self, step: Step, exc: BaseException | None) -> bool:
         if exc is None or not self.live or not isinstance(exc, Exception) or not is_collective_error(exc):
             return False
-        self._failed = exc
+        self._failed, self._failed_why = True, str(exc)
+        _abort_group()  # now: peers blocked on this worker fail at once
         if self.applied < int(step):  # the update was not applied here: take this step's data back
             _restore_positions(self.state, self._positions)
-        self._recover("error", exc)
         return True
 
     # ----- the live world ---------------------------------------------------------------
@@ -218,7 +234,8 @@ class _Loop:
     def _ask(self, reason: str, error: str = "") -> LiveAssignment:
         message = LiveReform(node_id=self._node_id, local_rank=self._local_rank, pid=os.getpid(), round=self._round,
                              generation=self.generation if reason != "join" else -1, step=self.applied,
-                             reason=reason, error=error[:500])
+                             reason=reason, error=error[:500], replica=self.replica)
+        wait_s = _POLL_S
         while True:
             try:
                 answer = self._master().live_reform(message)
@@ -237,10 +254,13 @@ class _Loop:
                 # exit quietly, no exception record (it is not this script's error)
                 log.warning("live_recovery_ended", state=answer.state, reason=answer.reason, rank=self.rank)
                 raise SystemExit(1)
-            time.sleep(_POLL_S)
+            time.sleep(wait_s)
+            wait_s = min(_POLL_MAX_S, wait_s * 1.5)
 
     def _tell_done(self) -> None:
-        """The last step is done: a replacement still waiting to join need not."""
+        """The last step is done: the agent's hang watcher leaves this worker be while it
+        exits, and a replacement still waiting to join need not."""
+        get_writer().write({"type": "done", "rank": self.rank, "step": self.next_step - 1})
         message = LiveReform(node_id=self._node_id, local_rank=self._local_rank, pid=os.getpid(), round=self._round,
                              generation=self.generation, step=self.applied, reason="done")
         with contextlib.suppress(DLRoverError):  # (whatever the answer: this worker is done)
@@ -250,7 +270,7 @@ class _Loop:
         if is_joiner():
             log.info("live_join_waiting", node_id=self._node_id, local_rank=self._local_rank)
             self.applied = -1
-            self._recover("join", None)
+            self._recover("join", "")
         else:
             answer = self._ask("ready")
             if answer.state != "ready":
@@ -278,57 +298,86 @@ class _Loop:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
-    def _recover(self, reason: str, exc: BaseException | None) -> None:
-        """Leave the current process group, join the next generation, catch up."""
+    def _recover(self, reason: str, error: str) -> None:
+        """Leave the current process group, join the next generation, catch up. ``error``:
+        the collective's error (``""``: a planned re-form). A peer that dies while the new
+        generation forms its group or catches up makes this worker ask again."""
+        import torch.distributed as dist  # heavy: torch
+
         t0 = time.monotonic()
-        _abort_group()
-        if exc is not None:
-            log.warning("live_collective_failed", rank=self.rank, generation=self.generation, step=self._in_flight,
-                        error=str(exc).splitlines()[0][:200])
-        answer = self._ask(reason, "" if exc is None else str(exc))
-        t1 = time.monotonic()
-        self._join(answer)
-        behind = self._sync()
-        for module in replicated_modules():
-            module.rebuild()
+        tries = 0
+        while True:
+            _abort_group()
+            if error:
+                log.warning("live_collective_failed", rank=self.rank, generation=self.generation,
+                            step=self._in_flight, error=(error.splitlines() or [""])[0][:200])
+            answer = self._ask(reason, error)
+            t1 = time.monotonic()
+            try:
+                self._join(answer)
+                behind = self._sync()
+                for module in replicated_modules():
+                    module.rebuild()
+            except Exception as exc:
+                if not (is_collective_error(exc) or isinstance(exc, dist.DistStoreError)):
+                    raise
+                tries += 1
+                reason, error = "error", str(exc)
+                if tries > _MAX_REFORM_TRIES:
+                    raise
+                continue
+            break
         for obj in self.state.values():
             if hasattr(obj, "set_world"):
                 obj.set_world(self.rank, self.world_size)
         writer = get_writer()
         writer.rank = self.rank
-        writer.write({"type": "live", "rank": self.rank, "reason": reason, "generation": self.generation, "world_size": self.world_size,
-                      "step": self.next_step, "reform_s": round(time.monotonic() - t0, 6)})
+        writer.write({"type": "live", "rank": self.rank, "reason": reason, "generation": self.generation,
+                      "world_size": self.world_size, "step": self.next_step,
+                      "reform_s": round(time.monotonic() - t0, 6)})
         writer.mark()  # the next step's time leaves the re-form out
         self._in_flight = None
         log.info("live_reformed", reason=reason, generation=self.generation, rank=self.rank,
-                 world_size=self.world_size, step=self.next_step, caught_up=behind,
+                 world_size=self.world_size, step=self.next_step, caught_up=behind, tries=tries + 1,
                  wait_s=round(t1 - t0, 4), total_s=round(time.monotonic() - t0, 4))
 
     def _join(self, answer: LiveAssignment) -> None:
+        """Form the generation's process group: its rendezvous waits at most
+        ``_JOIN_TIMEOUT_S`` (a peer that died meanwhile never comes), its collectives then
+        ``Failure.collective_timeout_s``."""
         import torch.distributed as dist  # heavy: torch
 
         store = process_group.round_store(answer.store_host, answer.store_port)
-        timeout = datetime.timedelta(seconds=process_group.collective_timeout_s())
-        backend = process_group.backend()
-        dist.init_process_group(backend=backend, store=dist.PrefixStore(answer.prefix, store), rank=answer.rank,
-                                world_size=answer.world_size, timeout=timeout)
+        # this generation from here on, even if forming its group fails: the next question
+        # is about the one after it (a member that died meanwhile is left out)
+        self.generation = answer.generation
+        dist.init_process_group(backend=process_group.backend(), store=dist.PrefixStore(answer.prefix, store),
+                                rank=answer.rank, world_size=answer.world_size,
+                                timeout=datetime.timedelta(seconds=_JOIN_TIMEOUT_S))
+        dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=process_group.collective_timeout_s()))
         self.rank, self.world_size, self.generation = answer.rank, answer.world_size, answer.generation
         self.grow_key = answer.grow_key
         process_group.set_place(rank=answer.rank, world_size=answer.world_size)
 
     def _sync(self) -> bool:
-        """Bring every member to the newest applied step; returns whether this rank was behind."""
+        """Bring every member to the newest step a replica (a worker holding the training
+        state: not a replacement that has not caught up yet) applied; returns whether this
+        rank was behind."""
         import torch.distributed as dist  # heavy: torch
 
-        applied: list[Any] = [None] * self.world_size
-        dist.all_gather_object(applied, self.applied)
-        newest = max(applied)
-        source = applied.index(newest)
-        behind = [r for r, s in enumerate(applied) if s < newest]
+        places: list[Any] = [None] * self.world_size
+        dist.all_gather_object(places, (self.replica, self.applied))
+        replicas = [(applied, r) for r, (replica, applied) in enumerate(places) if replica]
+        if not replicas:
+            raise LiveRecoveryError("no member of the new generation holds the training state")
+        newest = max(applied for applied, _ in replicas)
+        source = min(r for applied, r in replicas if applied == newest)
+        behind = [r for r, (replica, applied) in enumerate(places) if not replica or applied < newest]
         me_behind = self.rank in behind
         if behind:
             _broadcast_state(self.state, source=source, rank=self.rank, receive=me_behind)
         self.applied = newest
+        self.replica = True
         self.next_step = newest + 1
         _zero_grads(self.state)
         return me_behind

@@ -61,7 +61,7 @@ def main() -> int:
             log.write(json.dumps({"pid": os.getpid(), "rank": step.rank, "world_size": step.world_size,
                                   "step": int(step), "epoch": sampler.epoch, "consumed": sampler.consumed,
                                   "ids": ids, "params": checksum(model), "t": time.time()}) + "\n")
-            train.report(step, loss=float(loss))
+            train.report(step, loss=loss.item())
             ckpt.save(step, state, force=step == a.steps - 1)
     (out / f"final_{os.getpid()}.json").write_text(json.dumps({"params": checksum(model), "rank": info.rank}))
     return 0

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -85,15 +86,16 @@ class FaultInjector(threading.Thread):
     """SIGKILLs a rank's current worker at each scheduled offset from the first training step.
 
     ``anchor()`` returns the wall time of the first step (``None`` until there is one);
-    ``victim(rank)`` returns ``(pid, incarnation)`` of the rank's current worker or ``None``
-    (``incarnation``: the dlrover round or the torchrun restart count). A failure due while
-    no worker of that rank lives (between restarts) hits the next one that does, as soon as
-    it exists. ``kills`` lists what was done: ``{"offset_s", "rank", "t_kill", "pid",
-    "incarnation", "late_s"}``.
+    ``victim(rank)`` returns ``(pid, incarnation)`` or ``(pid, incarnation, slot)`` of the
+    rank's current worker, or ``None`` (``incarnation``: the dlrover round or the torchrun
+    restart count; ``slot``: where its step records are, when not ``rank``). A failure due
+    while no worker of that rank lives (between restarts) hits the next one that does, as
+    soon as it exists. ``kills`` lists what was done: ``{"offset_s", "rank", "slot",
+    "t_kill", "pid", "incarnation", "late_s"}``.
     """
 
     def __init__(self, schedule: list[dict[str, Any]], *, anchor: Callable[[], float | None],
-                 victim: Callable[[int], tuple[int, int] | None], poll_s: float = 0.02) -> None:
+                 victim: Callable[[int], tuple | None], poll_s: float = 0.02) -> None:
         super().__init__(name="recovery-faults", daemon=True)
         self.schedule = schedule
         self._anchor = anchor
@@ -125,7 +127,8 @@ class FaultInjector(threading.Thread):
                         os.kill(found[0], signal.SIGKILL)
                     except ProcessLookupError:
                         continue
-                    self.kills.append({**fault, "t_kill": t_kill, "pid": found[0], "incarnation": found[1],
+                    slot = found[2] if len(found) > 2 else fault["rank"]
+                    self.kills.append({**fault, "slot": slot, "t_kill": t_kill, "pid": found[0], "incarnation": found[1],
                                        "late_s": round(t_kill - due, 3)})
                     break
                 self._halt.wait(self._poll_s)
@@ -136,15 +139,75 @@ class FaultInjector(threading.Thread):
 # ----- what the sides logged -----------------------------------------------------------------
 
 
-def ours_records(log_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
-    """Progress records of ``rank`` in a dlrover-core run, in order, each with ``inc``: the
-    round it belongs to."""
+_PROGRESS_NAME = re.compile(r"progress_rank(\d+)(?:_r(\d+))?\.jsonl$")
+
+
+def ours_files(log_dir: Path, round_worlds: dict[int, int] | None = None, *, full_world: int = 2) -> list[dict[str, Any]]:
+    """Every progress record of a dlrover-core run, each annotated with where it comes from:
+    ``slot`` (the rank the worker held when its round formed: ``progress_rank<slot>``),
+    ``inc`` (the round), ``k`` (0, or the ``_r<k>`` of a replacement started in the round),
+    ``gen`` and ``world`` (the live world's generation and size the record belongs to: 0 and
+    the round's size until the file's first ``live`` record), ``order`` (the line number).
+
+    ``round_worlds`` maps a round to its world size (the master's ``rendezvous_completed``
+    events); a round missing from it has ``full_world``. A step record also gets ``start``:
+    ``t - dt``, when the worker began the step (``dt`` runs from the previous report, save,
+    restore or re-form)."""
     out = []
-    for path in Path(log_dir).glob(f"node_*/round_*/progress_rank{rank}.jsonl"):
-        rnd = int(path.parent.name.split("_")[1])
-        out.extend({**r, "inc": rnd} for r in read_jsonl(path))
-    # records of one round are in file order; rounds follow each other
-    return sorted(out, key=lambda r: r["inc"])
+    for path in Path(log_dir).glob("node_*/round_*/progress_rank*.jsonl"):
+        m = _PROGRESS_NAME.search(path.name)
+        if m is None:
+            continue
+        slot, k, rnd = int(m.group(1)), int(m.group(2) or 0), int(path.parent.name.split("_")[1])
+        gen, world = 0, (round_worlds or {}).get(rnd, full_world)
+        for i, r in enumerate(read_jsonl(path)):
+            if r.get("type") == "live":
+                gen, world = int(r["generation"]), int(r["world_size"])
+            rec = {**r, "slot": slot, "inc": rnd, "k": k, "gen": gen, "world": world, "order": i}
+            if r.get("type") == "step":
+                rec["start"] = float(r["t"]) - float(r["dt"])
+            out.append(rec)
+    return out
+
+
+def ours_records(log_dir: Path, round_worlds: dict[int, int] | None = None) -> list[dict[str, Any]]:
+    """Rank 0's records of a dlrover-core run, in order, each with ``inc``: the round.
+
+    Rank 0 is whichever process held it at the step (step records carry ``rank``; the live
+    world moves rank 0 between processes when it shrinks and grows back). Other records
+    (``restore``, ``checkpoint``) come from the files of slot 0, the worker ranked 0 when its
+    round formed. Order: by round, then by time; a record without ``t`` takes the time of the
+    step before it in its file (a restore, at a file's start, comes before the round's steps)."""
+    recs = []
+    for path_recs in _by_file(ours_files(log_dir, round_worlds)):
+        last_t = float("-inf")
+        for r in path_recs:
+            if r.get("type") == "step":
+                last_t = float(r["t"])
+                if int(r.get("rank", r["slot"])) != 0:
+                    continue
+            elif r["slot"] != 0:
+                continue
+            recs.append({**r, "_t": last_t})
+    recs.sort(key=lambda r: (r["inc"], r["_t"], r["k"], r["order"]))
+    return recs
+
+
+def _by_file(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    files: dict[tuple, list[dict[str, Any]]] = {}
+    for r in records:
+        files.setdefault((r["inc"], r["slot"], r["k"]), []).append(r)
+    return [sorted(v, key=lambda r: r["order"]) for v in files.values()]
+
+
+def ours_step_events(log_dir: Path, round_worlds: dict[int, int] | None = None) -> list[dict[str, Any]]:
+    """Every step any worker of a dlrover-core run completed: ``{"t", "start", "step",
+    "slot", "inc", "world"}`` with ``inc`` = ``(round, k)`` (a later one: a newer process in
+    the slot), by time."""
+    ev = [{"t": float(r["t"]), "start": r["start"], "step": int(r["step"]), "slot": r["slot"],
+           "inc": (r["inc"], r["k"]), "world": r["world"], "gen": (r["inc"], r["gen"])}
+          for r in ours_files(log_dir, round_worlds) if r.get("type") == "step"]
+    return sorted(ev, key=lambda e: e["t"])
 
 
 def torchrun_records(out_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
@@ -157,6 +220,22 @@ def torchrun_records(out_dir: Path, rank: int = 0) -> list[dict[str, Any]]:
     return out
 
 
+def peer_step_events(out_dir: Path, ranks: int, *, torchft: bool = False) -> list[dict[str, Any]]:
+    """Every step the workers of a torchrun (or TorchFT) run completed, as
+    :func:`ours_step_events` gives them (``inc``: the worker's restart count; ``world``: the
+    participants of a TorchFT step, the full world for torchrun). TorchFT steps that were not
+    committed (a peer failed during them) are left out."""
+    ev = []
+    for rank in range(ranks):
+        for r in torchrun_records(out_dir, rank):
+            if r.get("type") != "step" or (torchft and not r.get("committed")):
+                continue
+            ev.append({"t": float(r["t"]), "start": float(r.get("t_start", float(r["t"]) - float(r["dt"]))),
+                       "step": int(r["step"]), "slot": rank, "inc": int(r["inc"]),
+                       "world": int(r["participants"]) if torchft else ranks, "gen": None})
+    return sorted(ev, key=lambda e: e["t"])
+
+
 def first_step_t(records: list[dict[str, Any]]) -> float | None:
     return next((r["t"] for r in records if r.get("type") == "step"), None)
 
@@ -164,41 +243,69 @@ def first_step_t(records: list[dict[str, Any]]) -> float | None:
 def lineage(records: list[dict[str, Any]]) -> dict[str, float]:
     """Productive time of the steps the final model builds on, from one rank's records in
     order: a ``restore`` of step c drops the steps after c computed before it (their time is
-    ``recomputed_s``); each step counts once, with its last execution's ``dt``."""
+    ``recomputed_s``, their number ``recomputed_steps``); each step counts once, with its last
+    execution's ``dt``."""
     kept: dict[int, float] = {}
-    recomputed = 0.0
+    recomputed, recomputed_steps = 0.0, 0
     for r in records:
         if r.get("type") == "restore":
             for s in [s for s in kept if s > r["step"]]:
                 recomputed += kept.pop(s)
+                recomputed_steps += 1
         elif r.get("type") == "fresh":
             recomputed += sum(kept.values())
+            recomputed_steps += len(kept)
             kept.clear()
         elif r.get("type") == "step":
             s = int(r["step"])
-            if s in kept:  # recomputed without a restore record (should not happen)
+            if s in kept:  # computed again without a restore record (TorchFT after a restart from disk)
                 recomputed += kept.pop(s)
+                recomputed_steps += 1
             kept[s] = float(r["dt"])
-    return {"productive_s": sum(kept.values()), "recomputed_s": recomputed, "steps": len(kept),
-            "last_step": max(kept, default=-1)}
+    return {"productive_s": sum(kept.values()), "recomputed_s": recomputed, "recomputed_steps": recomputed_steps,
+            "steps": len(kept), "last_step": max(kept, default=-1)}
 
 
-def kill_to_next_step(kills: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """For each kill: seconds until the first step completed by a later incarnation (the
-    restarted workers); ``uninterrupted`` when that step came before the next kill (a kill
-    whose recovery another kill cut short measures nothing); ``during_recovery`` when the
-    previous kill's workers had not completed a step yet."""
-    steps = [r for r in records if r.get("type") == "step"]
+def kill_samples(kills: list[dict[str, Any]], events: list[dict[str, Any]], *, full_world: int) -> list[dict[str, Any]]:
+    """What followed each kill, from every worker's step events (:func:`ours_step_events`,
+    :func:`peer_step_events`), in seconds from the SIGKILL:
+
+    * ``survivor_step_s``: the first step a worker that was alive before the kill (another
+      slot, the same process) began after it and completed — the live world going on
+      without the dead one (torchrun has none: every worker restarts);
+    * ``next_step_s``: the first step completed by a worker that had not completed one
+      before the kill — the killed worker's replacement (torchrun's restarted workers,
+      dlrover-core's replacement, in the slot or on a relaunched node, TorchFT's restarted
+      replica group);
+    * ``full_world_s``: the first such step at the full world size (with the replacement in).
+
+    ``uninterrupted`` (per measure): it came before the next kill (a recovery another kill
+    cut short measures nothing); ``during_recovery``: the previous kill's replacement had not
+    completed a step yet."""
     out = []
     prev_next: float | None = None
     for i, k in enumerate(kills):
-        nxt = next((r["t"] for r in steps if r["inc"] > k["incarnation"] and r["t"] > k["t_kill"]), None)
+        t, slot = k["t_kill"], k.get("slot", k["rank"])
+        before = [e for e in events if e["t"] < t]
+        stepped = {(e["slot"], e["inc"]) for e in before}
+        latest = {}
+        for e in before:
+            if e["slot"] != slot:
+                latest[e["slot"]] = max(latest.get(e["slot"], e["inc"]), e["inc"])
+        after = [e for e in events if e["t"] > t]
+        surv = next((e for e in after if e["slot"] != slot and latest.get(e["slot"]) == e["inc"] and e["start"] > t), None)
+        newer = [e for e in after if (e["slot"], e["inc"]) not in stepped]
+        nxt = newer[0] if newer else None
+        full = next((e for e in newer if e["world"] >= full_world), None)
         later = kills[i + 1]["t_kill"] if i + 1 < len(kills) else None
-        out.append({"t_kill": k["t_kill"], "rank": k["rank"], "incarnation": k["incarnation"],
-                    "next_step_s": None if nxt is None else nxt - k["t_kill"],
-                    "uninterrupted": nxt is not None and (later is None or nxt < later),
-                    "during_recovery": i > 0 and (prev_next is None or prev_next > k["t_kill"])})
-        prev_next = nxt
+        row: dict[str, Any] = {"t_kill": t, "rank": k["rank"], "slot": slot, "incarnation": k["incarnation"],
+                               "during_recovery": i > 0 and (prev_next is None or prev_next > t)}
+        for name, e in (("survivor_step", surv), ("next_step", nxt), ("full_world", full)):
+            row[f"{name}_s"] = None if e is None else e["t"] - t
+            row[f"{name}_uninterrupted"] = e is not None and (later is None or e["t"] < later)
+        row["uninterrupted"] = row["next_step_uninterrupted"]
+        out.append(row)
+        prev_next = None if nxt is None else nxt["t"]
     return out
 
 
@@ -438,3 +545,185 @@ class TorchrunSide:
         stepped = {r["inc"] for r in self.records(0) if r.get("type") == "step"}
         return {"restarts": max(incs, default=0), "incarnations": incs,
                 "incarnations_without_a_step": [i for i in incs if i not in stepped]}
+
+
+# ----- the TorchFT side ----------------------------------------------------------------------
+
+TORCHFT_SCRIPT = HERE / "_recovery_torchft_train.py"
+
+#: the lighthouse as torchft's README and examples start it
+TORCHFT_LIGHTHOUSE_ARGS = ("--min_replicas", "1", "--quorum_tick_ms", "100", "--join_timeout_ms", "10000")
+
+
+def torchft_unavailable() -> str | None:
+    """Why TorchFT cannot run here (the error text), or ``None``."""
+    lighthouse = Path(sys.executable).with_name("torchft_lighthouse")
+    try:
+        probe = subprocess.run([sys.executable, "-c", "import torch, torchft; print(torchft.__file__)"],
+                               capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"python -c 'import torchft': {exc}"
+    if probe.returncode != 0:
+        return f"import torchft failed: {probe.stderr.strip()[-1500:]}"
+    if not lighthouse.exists():
+        return f"torchft is importable but {lighthouse} is missing"
+    return None
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class TorchftSide:
+    """TorchFT, DDP across ``groups`` replica groups of one process each, in ``work``.
+
+    Starts ``torchft_lighthouse`` (``TORCHFT_LIGHTHOUSE_ARGS``), hosts each group's
+    ``TCPStore`` in this process (what torchrun's agent does for a group under torchft's own
+    launcher) and runs a supervisor thread per group that starts
+    ``_recovery_torchft_train.py`` and starts it again, at once, whenever it exits with an
+    error or a signal (TorchFT leaves restarting a dead replica to the scheduler). ``wait``
+    and ``kill`` as :class:`TorchrunSide`'s.
+    """
+
+    def __init__(self, work: Path, *, steps: int, ckpt_every: int, groups: int = 2, max_restarts: int = 100,
+                 seed: int = 0, lighthouse_args: tuple[str, ...] = TORCHFT_LIGHTHOUSE_ARGS) -> None:
+        self.work = Path(work)
+        self.out_dir = self.work / "out"
+        self.ckpt_dir = self.work / "ckpt"
+        self.groups, self.max_restarts = groups, max_restarts
+        self.lighthouse_args = lighthouse_args
+        self.script_args = ["--num-replica-groups", str(groups), "--steps", str(steps), "--ckpt-every", str(ckpt_every),
+                            "--ckpt-dir", str(self.ckpt_dir), "--out-dir", str(self.out_dir), "--seed", str(seed)]
+        self.lighthouse: subprocess.Popen | None = None
+        self.lighthouse_addr: str | None = None
+        self._stores: list[Any] = []
+        self._procs: dict[int, subprocess.Popen] = {}
+        self._threads: list[threading.Thread] = []
+        self._halt = threading.Event()
+        self._lock = threading.Lock()
+        self.exits: list[dict[str, Any]] = []  # {"group", "restart", "code", "t"}
+        self.done: set[int] = set()
+        self.t_launch: float | None = None
+        self.t_exit: float | None = None
+        self.hung = False
+        self.timed_out = False
+        self.error: str | None = None
+
+    def _spawn(self, argv: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
+        shim = [sys.executable, "-S", "-c", _PDEATHSIG_EXEC, str(os.getpid())] if sys.platform == "linux" else []
+        with open(log, "ab") as f:
+            return subprocess.Popen([*shim, *argv], env=env, cwd=str(ROOT), stdin=subprocess.DEVNULL, stdout=f,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+
+    def launch(self) -> None:
+        import torch.distributed as dist  # heavy: torch (the stores)
+
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.t_launch = time.time()
+        port = _free_port()
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "RUST_BACKTRACE": "1"}
+        self.lighthouse = self._spawn([str(Path(sys.executable).with_name("torchft_lighthouse")), *self.lighthouse_args,
+                                       "--bind", f"127.0.0.1:{port}"], self.work / "lighthouse.log", env)
+        self.lighthouse_addr = f"http://127.0.0.1:{port}"
+        self._stores = [dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True)
+                        for _ in range(self.groups)]
+        env["TORCHFT_LIGHTHOUSE"] = self.lighthouse_addr
+        for g in range(self.groups):
+            t = threading.Thread(target=self._supervise, args=(g, env), name=f"torchft-group-{g}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _supervise(self, g: int, env: dict[str, str]) -> None:
+        argv = [sys.executable, str(TORCHFT_SCRIPT), "--replica-group", str(g), "--store-port", str(self._stores[g].port),
+                *self.script_args]
+        restart = 0
+        while not self._halt.is_set():
+            with self._lock:
+                if self._halt.is_set():
+                    return
+                proc = self._procs[g] = self._spawn(argv, self.work / f"group{g}.log", {**env, "RECOVERY_RESTART": str(restart)})
+            code = proc.wait()
+            self.exits.append({"group": g, "restart": restart, "code": code, "t": time.time()})
+            if code == 0:
+                self.done.add(g)
+                return
+            if self._halt.is_set() or self.done or restart >= self.max_restarts:
+                return  # training is over (another group finished) or out of restarts
+            restart += 1
+
+    @property
+    def pid(self) -> int:
+        assert self.lighthouse is not None
+        return self.lighthouse.pid
+
+    def records(self, rank: int = 0) -> list[dict[str, Any]]:
+        return torchrun_records(self.out_dir, rank)
+
+    def victim(self, rank: int) -> tuple[int, int] | None:
+        """``(pid, restart)`` of replica group ``rank``'s current process, or ``None``."""
+        try:
+            info = json.loads((self.out_dir / f"pid_rank{rank}.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return (int(info["pid"]), int(info["restart"])) if alive(int(info["pid"])) else None
+
+    def anchor(self) -> float | None:
+        return next((r["t"] for r in self.records(0) if r.get("type") == "step" and r.get("committed")), None)
+
+    def wait(self, *, timeout_s: float, stall_s: float | None = None, poll_s: float = 0.1) -> int | None:
+        """0 when training finished (a group completed the last step; a group that died after
+        that is not restarted), 1 when the supervisors gave up before, ``None`` on a timeout
+        or a stall (then everything is killed)."""
+        assert self.t_launch is not None
+        deadline = self.t_launch + timeout_s
+        last_n, last_change = -1, time.time()
+        while True:
+            if not any(t.is_alive() for t in self._threads):
+                self.t_exit = max((e["t"] for e in self.exits), default=time.time())
+                return 0 if self.done else 1
+            if self.lighthouse is not None and self.lighthouse.poll() is not None and not self.error:
+                self.error = f"torchft_lighthouse exited with {self.lighthouse.returncode}"
+            now = time.time()
+            if stall_s is not None:
+                n = sum(1 for g in range(self.groups) for r in self.records(g) if r.get("type") == "step")
+                if n != last_n:
+                    last_n, last_change = n, now
+                elif now - last_change > stall_s:
+                    self.hung = True
+                    break
+            if now > deadline:
+                self.timed_out = True
+                break
+            time.sleep(poll_s)
+        self.kill()
+        return None
+
+    def kill(self) -> None:
+        with self._lock:
+            self._halt.set()
+            procs = list(self._procs.values())
+        for p in procs:
+            if p.poll() is None:
+                kill_tree(p.pid, grace_s=1.0)
+        for rank in range(self.groups):
+            found = self.victim(rank)
+            if found is not None:
+                kill_tree(found[0], grace_s=1.0)
+        for t in self._threads:
+            t.join(timeout=10)
+        if self.lighthouse is not None and self.lighthouse.poll() is None:
+            kill_tree(self.lighthouse.pid, grace_s=1.0)
+        self._stores = []
+
+    def log_tail(self, chars: int = 1500) -> str:
+        """The end of each group's log and the lighthouse's (why a run failed)."""
+        out = []
+        for name in [*(f"group{g}.log" for g in range(self.groups)), "lighthouse.log"]:
+            with contextlib.suppress(OSError):
+                text = (self.work / name).read_text(errors="replace")
+                out.append(f"--- {name}\n{text[-chars:]}")
+        return "\n".join(out)

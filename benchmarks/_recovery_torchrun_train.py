@@ -6,9 +6,16 @@ every K steps from rank 0, ``torch.load`` on start.
 
 Same model, data, optimizer, LR schedule, seeds and evaluation schedule as
 ``examples/charlm/train.py`` (what the dlrover-core side runs), written the way a torchrun
-user writes it: rank 0 saves ``{model, optimizer, scheduler, sampler}`` with ``torch.save``
+user writes it: rank 0 saves ``{model, optimizer, scheduler, step}`` with ``torch.save``
 to a staging name, fsyncs, renames, fsyncs the directory and then updates ``latest`` the same
 way; every rank loads ``latest`` with ``torch.load`` when it starts.
+
+Data order (:func:`batch_ids`): the same as ``train.ElasticSampler`` at a world of 2 — every
+non-overlapping window of the corpus once per epoch, a permutation seeded ``seed + epoch``,
+``world_size x batch_size`` windows a step job-wide, rank ``r`` taking every ``world_size``-th
+from ``r`` — computed from the step number, so the step is the whole data position (nothing
+else to checkpoint). ``_recovery_torchft_train.py`` imports it, :func:`lr_factor` and the save
+helpers from here, so all three sides see the same batches.
 
 Gloo restart trap (torch 2.13, see the project's environment notes): a restarted worker that
 re-uses torchrun's store without a per-attempt prefix can read the dead workers' addresses and
@@ -22,7 +29,7 @@ Every rank appends JSON lines to ``<out-dir>/rank<r>.jsonl`` (``t``: ``time.time
 * ``start``: ``restart``, ``pid``, ``t_proc`` (first line of this file), ``t_import`` (torch
   imported), ``t_init`` (process group ready);
 * ``restore``: ``step`` loaded, ``load_s``, ``t``; ``fresh`` when there was nothing to load;
-* ``step``: ``step``, ``dt``, ``t``, ``restart``;
+* ``step``: ``step``, ``dt``, ``t``, ``restart``, ``loss``; ``val_loss`` at a validation step;
 * ``save`` (rank 0): ``step``, ``stall_s``, ``t``.
 
 ``dt`` is measured like dlrover-core's ``train.report``: from the end of the previous step, save
@@ -37,6 +44,7 @@ T_PROC = time.time()  # before the slow imports: part of a restart
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
@@ -93,6 +101,62 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+@functools.lru_cache(maxsize=2)
+def _permutation(n: int, seed: int) -> list:
+    import torch
+
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def batch_ids(step: int, rank: int, world_size: int, *, n: int, batch_size: int, seed: int) -> list:
+    """Window indices of ``rank`` at ``step``: what ``train.ElasticSampler(n, batch_size,
+    seed=seed)`` gives it at that step at a constant ``world_size`` (an epoch is
+    ``ceil(n / (world_size * batch_size))`` steps; its last step may be short)."""
+    per_step = world_size * batch_size
+    steps_per_epoch = -(-n // per_step)
+    epoch, index = divmod(step, steps_per_epoch)
+    window = _permutation(n, seed + epoch)[index * per_step : (index + 1) * per_step]
+    return window[rank::world_size]
+
+
+def lr_factor(step: int, *, steps: int, warmup_steps: int) -> float:
+    """``examples/charlm/train.py``'s schedule: linear warmup, then cosine decay to 10%."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, steps - warmup_steps)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def save_checkpoint(ckpt_dir: Path, step: int, state: dict) -> None:
+    """``torch.save`` to a staging name, fsync, rename, fsync the directory, then point
+    ``latest`` at it the same way; keep the last two (as the dlrover-core side)."""
+    import torch
+
+    path = ckpt_dir / f"step_{step:08d}.pt"
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(ckpt_dir)
+    _write_atomic(ckpt_dir / "latest", str(step).encode())
+    _fsync_dir(ckpt_dir)
+    for old in sorted(ckpt_dir.glob("step_*.pt"))[:-2]:
+        old.unlink(missing_ok=True)
+
+
+def load_checkpoint(ckpt_dir: Path):
+    """``(step, state)`` of ``latest``, or ``None``."""
+    import torch
+
+    latest = ckpt_dir / "latest"
+    if not latest.exists():
+        return None
+    step = int(latest.read_text())
+    return step, torch.load(ckpt_dir / f"step_{step:08d}.pt", map_location="cpu", weights_only=True)
+
+
 def main(argv=None) -> int:
     args = _parse(argv)
     out = Path(args.out_dir)
@@ -107,7 +171,7 @@ def main(argv=None) -> int:
 
     t_import = time.time()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "charlm"))
-    from data import WindowSampler, load_corpus, val_batches
+    from data import load_corpus, n_windows, val_batches, windows
     from model import CharLM, loss_fn
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -126,30 +190,22 @@ def main(argv=None) -> int:
     model = torch.nn.parallel.DistributedDataParallel(CharLM(block_size=args.block_size))
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
 
-    def lr_factor(step: int) -> float:  # as examples/charlm/train.py
-        if step < args.warmup_steps:
-            return (step + 1) / args.warmup_steps
-        progress = (step - args.warmup_steps) / max(1, args.steps - args.warmup_steps)
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
-    sampler = WindowSampler(train_data, block_size=args.block_size, batch_size=args.batch_size,
-                            rank=RANK, world_size=world, seed=args.seed)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, functools.partial(lr_factor, steps=args.steps, warmup_steps=args.warmup_steps))
+    n = n_windows(train_data, args.block_size)
     val = val_batches(val_data, block_size=args.block_size, batch_size=args.batch_size, n_batches=args.eval_batches)
     torch.manual_seed(args.seed + 1 + RANK)
 
     ckpt_dir = Path(args.ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
-    latest = ckpt_dir / "latest"
     start = 0
     t0 = time.monotonic()
-    if latest.exists():
-        step = int(latest.read_text())
-        saved = torch.load(ckpt_dir / f"step_{step:08d}.pt", map_location="cpu", weights_only=True)
+    loaded = load_checkpoint(ckpt_dir)
+    if loaded is not None:
+        step, saved = loaded
         model.module.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
-        sampler.load_state_dict(saved["sampler"])
         start = step + 1
         log.write(type="restore", step=step, load_s=round(time.monotonic() - t0, 6), t=time.time(), restart=RESTART)
     else:
@@ -170,7 +226,8 @@ def main(argv=None) -> int:
     if start == 0:
         evaluate()  # train.py validates once at a fresh start (inside step 0's time, as there)
     for step in range(start, args.steps):
-        x, y = sampler.next_batch()
+        x, y = windows(train_data, batch_ids(step, RANK, world, n=n, batch_size=args.batch_size, seed=args.seed),
+                       args.block_size)
         loss = loss_fn(model(x), y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -178,27 +235,14 @@ def main(argv=None) -> int:
         scheduler.step()
         loss_value = loss.item()
         last = step == args.steps - 1
-        if (step + 1) % args.eval_every == 0 or last:
-            evaluate()
+        val_loss = evaluate() if (step + 1) % args.eval_every == 0 or last else None
         now = time.monotonic()
         log.write(type="step", step=step, dt=round(now - mark, 6), t=time.time(), restart=RESTART,
-                  loss=round(loss_value, 4))
+                  loss=round(loss_value, 4), **({"val_loss": round(val_loss, 5)} if val_loss is not None else {}))
         mark = now
         if RANK == 0 and (step % args.ckpt_every == 0 or last):
-            state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
-                     "scheduler": scheduler.state_dict(), "sampler": sampler.state_dict(), "step": step}
-            path = ckpt_dir / f"step_{step:08d}.pt"
-            tmp = path.with_name(path.name + ".tmp")
-            with open(tmp, "wb") as f:
-                torch.save(state, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            _fsync_dir(ckpt_dir)
-            _write_atomic(latest, str(step).encode())
-            _fsync_dir(ckpt_dir)
-            for old in sorted(ckpt_dir.glob("step_*.pt"))[:-2]:  # keep the last two, as the other side
-                old.unlink(missing_ok=True)
+            save_checkpoint(ckpt_dir, step, {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
+                                             "scheduler": scheduler.state_dict(), "step": step})
             now = time.monotonic()
             log.write(type="save", step=step, stall_s=round(now - mark, 6), t=time.time())
             mark = now

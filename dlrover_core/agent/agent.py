@@ -552,7 +552,8 @@ class ElasticAgent:
                     continue
                 return action
             hung = self.hangs.hung(self.workers, self._tails)
-            if hung and self.job.failure.live_recovery and not any(_is_stopped(w.pid) for w in hung):
+            live = self.job.failure.live_recovery and any(t.live for t in self._tails.values())
+            if hung and live and not any(_is_stopped(w.pid) for w in hung):
                 # the others may be waiting on a process another node is replacing right now:
                 # look again, with fresh progress, after a moment
                 self._stop.wait(_HANG_CONFIRM_S)
@@ -561,7 +562,7 @@ class ElasticAgent:
                         tail.read()
                 hung = [w for w in self.hangs.hung(self.workers, self._tails) if w in hung]
             if hung:
-                stopped = [w for w in hung if _is_stopped(w.pid)] if self.job.failure.live_recovery else []
+                stopped = [w for w in hung if _is_stopped(w.pid)] if live else []
                 if stopped:  # the others wait on a frozen (stopped) process: it is the one to replace
                     failures = self.hangs.failures(round_index, self.workers, stopped, self._tails, stopped=True)
                     action = self._report_live(round_index, stopped, failures, stop_after_s=PEER_DUMP_GRACE_S)
@@ -624,7 +625,8 @@ class ElasticAgent:
                     self._tails[w.rank].read()
         failures = [WorkerFailure.exited(rank=w.rank, local_rank=w.local_rank, exit_code=code,
                                          exception=self._tails[w.rank].exception) for w, code in failed]
-        if self.job.failure.live_recovery and not early:
+        # a worker of this node loops in the live world: the master may answer ``replace``
+        if self.job.failure.live_recovery and not early and any(t.live for t in self._tails.values()):
             return self._report_live(round_index, [w for w, _ in failed], failures)
         return self._report_failures(round_index, failures)
 
@@ -699,7 +701,9 @@ class ElasticAgent:
         if stop_after_s is not None:
             self._stop.wait(stop_after_s)
             self._stop_workers()
-        # the master has told everyone to restart; persist what memory holds before rejoining
+        # the master has told everyone to restart (a ``replace`` cannot be heeded once every
+        # worker is stopped: join the next round, the master places this node again);
+        # persist what memory holds before rejoining
         self._save_at_breakpoint()
         return Action.STOP if answer.action == Action.STOP else Action.RESTART
 

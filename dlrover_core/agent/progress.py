@@ -26,6 +26,7 @@ class ProgressTail:
         self._partial = b""
         self.last_step = -1
         self.done = False  # the worker left train.steps() after its last step (it is exiting, not hung)
+        self.live = False  # the worker loops with train.steps() in a live world (it can be replaced alone)
         self.last_progress = started
         self.step_times: list[float] = []
         self.exception: WorkerException | None = None
@@ -67,6 +68,8 @@ class ProgressTail:
                 self.step_times = [*self.step_times[-19:], float(record.get("dt", 0.0))]
             elif kind == "done":
                 self.done = True
+            elif kind in ("live_ready", "live"):
+                self.live = True
             elif kind == "exception":
                 try:
                     self.exception = decode(WorkerException, record)

@@ -930,8 +930,8 @@ class JobMaster:
         replacements. ``None``: the rendezvous decides as usual."""
         live, rnd = self.live, self.rdzv.latest
         if (live is None or live.closed or rnd is None or rnd.index != live.round or rnd.index < self.required_round
-                or not self.rdzv.is_waiting(node.node_id) or live.has_node(node.node_id)):
-            return None
+                or not self.rdzv.is_waiting(node.node_id) or live.has_node(node.node_id) or live.can_go_on()):
+            return None  # (can_go_on: every member loops with train.steps(), or the rendezvous decides)
         nproc = self.job.nodes.nproc_per_node if isinstance(self.job.nodes.nproc_per_node, int) else rnd.nproc[0]
         if len(live.nodes()) >= self.job.nodes.max:
             return None

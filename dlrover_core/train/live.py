@@ -278,6 +278,7 @@ class _Loop:
                 self.live = False
                 return
             self.grow_key = answer.grow_key or self.grow_key
+            get_writer().write({"type": "live_ready", "rank": self.rank})  # the agent may replace it alone
 
     def _boundary(self) -> bool:
         """Whether the generation ends at this step boundary (a replacement waits to join):
@@ -334,7 +335,7 @@ class _Loop:
         writer.rank = self.rank
         writer.write({"type": "live", "rank": self.rank, "reason": reason, "generation": self.generation,
                       "world_size": self.world_size, "step": self.next_step,
-                      "reform_s": round(time.monotonic() - t0, 6)})
+                      "reform_s": round(time.monotonic() - t0, 6), "t": time.time()})
         writer.mark()  # the next step's time leaves the re-form out
         self._in_flight = None
         log.info("live_reformed", reason=reason, generation=self.generation, rank=self.rank,

@@ -61,6 +61,41 @@ def windows(data: torch.Tensor, ids: list[int], block_size: int) -> tuple[torch.
     return w[:, :-1], w[:, 1:]
 
 
+class WindowSampler:
+    """Batches of ``block_size + 1``-byte windows of ``data`` for one rank, without dlrover
+    (``benchmarks/optim.py`` uses it; ``train.py`` uses ``train.ElasticSampler`` over
+    :func:`n_windows`). Each epoch shuffles the window starts with a generator seeded by
+    ``seed + epoch``; rank ``r`` of ``world_size`` takes every ``world_size``-th window.
+    """
+
+    def __init__(self, data: torch.Tensor, *, block_size: int, batch_size: int, rank: int, world_size: int,
+                 seed: int) -> None:
+        self.data, self.block_size, self.batch_size = data, block_size, batch_size
+        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.epoch, self.index = 0, 0
+        self._order = self._permutation()
+
+    def _permutation(self) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        return torch.randperm(n_windows(self.data, self.block_size), generator=g)[self.rank :: self.world_size]
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x, y)``: int64 ``[batch, block]`` inputs and next-byte targets."""
+        if self.index + self.batch_size > len(self._order):
+            self.epoch, self.index = self.epoch + 1, 0
+            self._order = self._permutation()
+        ids = self._order[self.index : self.index + self.batch_size].tolist()
+        self.index += self.batch_size
+        return windows(self.data, ids, self.block_size)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.index = int(state["epoch"]), int(state["index"])
+        self._order = self._permutation()
+
+
 def val_batches(val: torch.Tensor, *, block_size: int, batch_size: int, n_batches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """A fixed list of validation batches, evenly spaced over the held-out bytes."""
     n = n_batches * batch_size

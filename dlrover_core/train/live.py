@@ -269,6 +269,7 @@ class _Loop:
     def _start(self) -> None:
         if is_joiner():
             log.info("live_join_waiting", node_id=self._node_id, local_rank=self._local_rank)
+            get_writer().write({"type": "live_ready", "rank": self.rank})  # the agent may replace it alone
             self.applied = -1
             self._recover("join", "")
         else:
@@ -352,6 +353,10 @@ class _Loop:
         # this generation from here on, even if forming its group fails: the next question
         # is about the one after it (a member that died meanwhile is left out)
         self.generation = answer.generation
+        # torch names a default group by a per-process counter (its keys live under the name):
+        # a failed init counted one, and a replacement's first group is "0", so the members
+        # would wait for each other under different names; no group exists here, start at 0
+        dist.distributed_c10d._world.group_count = 0
         dist.init_process_group(backend=process_group.backend(), store=dist.PrefixStore(answer.prefix, store),
                                 rank=answer.rank, world_size=answer.world_size,
                                 timeout=datetime.timedelta(seconds=_JOIN_TIMEOUT_S))

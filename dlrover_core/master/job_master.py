@@ -581,8 +581,9 @@ class JobMaster:
         node_id, round_index, failures = message.node_id, message.round, message.failures
         with self._batch():
             node = self._node(node_id)
-            if not lost and failures and message.token is None and all(f.rank is None for f in failures):
-                # evidence from the scheduler that the node is gone (its agent process exited):
+            if not lost and failures and message.token is None and all(f.kind == "node_lost" for f in failures):
+                # evidence from the scheduler that the node is gone (its agent process exited;
+                # a scheduler's other node-level reports, a pod's or a job step's, go on below):
                 # act now, not after failure.heartbeat_timeout_s of silence; an agent that
                 # exited because its node was done (succeeded, exited, excluded) is no failure
                 if node.state in ("running", "waiting", "registered") and not self.state.is_terminal:

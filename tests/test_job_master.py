@@ -216,6 +216,9 @@ def test_live_recovery_off_or_sharded_state_restarts_every_worker(workdir):
     job = Job(name="m", entrypoint="t.py", nodes=2, parallel=Parallel(["fsdp"]))
     sharded = JobMaster(job, "job-2", store_host="h", store_factory=lambda: (1, FakeStore()), clock=Clock())
     assert "'fsdp' shards the training state" in sharded.live_why
+    replicated = Job(name="m", entrypoint="t.py", nodes=2, parallel=Parallel([("checkpoint", {"wrap_class": "Block"}), "ddp", "amp"]))
+    assert JobMaster(replicated, "job-3", store_host="h", store_factory=lambda: (1, FakeStore()),
+                     clock=Clock()).live_why == ""
 
 
 def test_node_failures_count_within_a_window(workdir):

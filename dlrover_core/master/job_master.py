@@ -144,7 +144,7 @@ _SCRIPT_ERROR_WAIT_S = 10.0
 _LIVE_STRAGGLER_S = 30.0
 #: Strategies whose training state every data-parallel rank holds whole (a live peer can
 #: give it to a replacement); any other (``fsdp``, ``mesh``, ``auto``) restarts every worker.
-_REPLICATED_STRATEGIES = frozenset({"ddp", "amp", "compile", "activation_checkpoint"})
+_REPLICATED_STRATEGIES = frozenset({"ddp", "amp", "compile", "checkpoint"})
 
 
 class JobMaster:

@@ -10,7 +10,7 @@ plugins to this.
 What is here, by kind of backend:
 
 - **accelerators**: :class:`Accelerator`, :class:`DeviceReport`, :class:`NodeCheckResult`,
-  :func:`run_tool` / :func:`try_import` / :data:`TOOL_TIMEOUT_S` (probing a vendor tool);
+  :func:`run_tool` / :func:`try_import` / :func:`cpu_only_torch` / :data:`TOOL_TIMEOUT_S` (probing a vendor tool);
 - **schedulers**: :class:`SchedulerBackend` (a template: a backend implements
   ``build_plan`` and ``execute``), :class:`Capabilities`, :class:`SchedulerOption` (options as
   data) and :class:`OptionValue`, :class:`Plan`, :class:`ProcessSpec`, :class:`JobHandle`;
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dlrover_core import env
 from dlrover_core.accelerators.base import Accelerator, DeviceReport, NodeCheckResult
-from dlrover_core.accelerators.tools import TOOL_TIMEOUT_S, ToolOutput, run_tool, try_import
+from dlrover_core.accelerators.tools import TOOL_TIMEOUT_S, ToolOutput, cpu_only_torch, run_tool, try_import
 from dlrover_core.agent.launch import preview_workers
 from dlrover_core.checkpoint.shm import SHM_DIR, remove_segments
 from dlrover_core.fileio import write_atomic
@@ -114,5 +114,6 @@ __all__ = [
     "storage_retrying",
     "tail_logs",
     "try_import",
+    "cpu_only_torch",
     "write_atomic",
 ]

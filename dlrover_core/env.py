@@ -22,6 +22,9 @@ __all__ = [
     "ROUND",
     "LIVE_JOIN",
     "WATCH_PID",
+    "WORKER_EXEC",
+    "CONSOLE_LOCAL_RANKS",
+    "STANDBY_READY_FD",
 ]
 
 #: The job spec as JSON (``Job.to_dict()``).
@@ -50,3 +53,12 @@ PROGRESS_FILE = "DLROVER_PROGRESS_FILE"
 WATCH_PID = "DLROVER_WATCH_PID"
 #: "1" in a worker that replaces a failed one and joins the running world with its peers' live state
 LIVE_JOIN = "DLROVER_LIVE_JOIN"
+#: "1" in an agent's environment: run the entrypoint as an executable, without ``python``
+#: (``dlrover run --no-python``)
+WORKER_EXEC = "DLROVER_WORKER_EXEC"
+#: In an agent's environment: the local ranks whose output it copies to its console,
+#: comma-separated (``dlrover run --local-ranks-filter``, ``--redirects``); unset: all.
+#: Every rank's output is written to its ``rank_<r>.log`` either way.
+CONSOLE_LOCAL_RANKS = "DLROVER_CONSOLE_LOCAL_RANKS"
+#: In a standby's environment: the pipe it writes one byte to once it is warm
+STANDBY_READY_FD = "DLROVER_STANDBY_READY_FD"

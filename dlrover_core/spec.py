@@ -27,7 +27,8 @@ import cattrs
 from dlrover_core.errors import JobSpecError
 from dlrover_core.parallel_rules import check_strategies, describe, normalize_mesh_dims
 
-__all__ = ["Checkpoint", "Failure", "JobSpec", "Nodes", "Optimizer", "Parallel", "NAME_PATTERN", "MODULE_PATTERN"]
+__all__ = ["Checkpoint", "Failure", "JobSpec", "Nodes", "Optimizer", "Parallel", "NAME_PATTERN", "MODULE_PATTERN",
+           "HEARTBEAT_RATE_PER_S", "auto_heartbeat"]
 
 
 # ----- small validators --------------------------------------------------------------------
@@ -184,8 +185,13 @@ class Failure:
         node_check: run the accelerator's node check (matmul, all-reduce; in pairs, twice)
             before training and after failures; a node failing it is excluded and replaced.
         exclude_stragglers: also exclude nodes the check finds slower than twice the median.
-        heartbeat_interval_s: how often agents report to the master.
-        heartbeat_timeout_s: an agent silent this long is declared lost (and relaunched).
+        heartbeat_interval_s: how often agents report to the master; ``None`` (the default):
+            automatic, growing with the job so that one master gets at most
+            :data:`HEARTBEAT_RATE_PER_S` heartbeats a second — ``max(0.5, nodes.max / 2000)``
+            (:func:`auto_heartbeat`; ``JobSpec.heartbeat_interval_s`` is the value in effect).
+        heartbeat_timeout_s: an agent silent this long is declared lost (and relaunched);
+            ``None`` (the default): automatic, ``max(30, 6 * interval)`` — six missed
+            heartbeats, at least 30 s (``JobSpec.heartbeat_timeout_s``).
         max_node_failures: a node whose workers failed first (or that was lost) this many
             times within ``node_failure_window_s`` is excluded from the job and replaced.
         node_failure_window_s: the window of ``max_node_failures`` (seconds): failures
@@ -206,8 +212,8 @@ class Failure:
     hang_timeout_s: float | None = None
     node_check: bool = False
     exclude_stragglers: bool = False
-    heartbeat_interval_s: float = 0.5
-    heartbeat_timeout_s: float = 30.0
+    heartbeat_interval_s: float | None = None
+    heartbeat_timeout_s: float | None = None
     max_node_failures: int = 3
     node_failure_window_s: float = 300.0
     stop_grace_s: float = 10.0
@@ -221,9 +227,10 @@ class Failure:
         for name in ("node_check", "exclude_stragglers"):
             if not isinstance(getattr(self, name), bool):
                 raise JobSpecError(f"failure.{name}", getattr(self, name), "True or False")
-        _positive_number("failure.heartbeat_interval_s", self.heartbeat_interval_s)
-        _positive_number("failure.heartbeat_timeout_s", self.heartbeat_timeout_s)
-        if self.heartbeat_timeout_s <= self.heartbeat_interval_s:
+        _positive_number("failure.heartbeat_interval_s", self.heartbeat_interval_s, allow_none=True)
+        _positive_number("failure.heartbeat_timeout_s", self.heartbeat_timeout_s, allow_none=True)
+        if (self.heartbeat_interval_s is not None and self.heartbeat_timeout_s is not None
+                and self.heartbeat_timeout_s <= self.heartbeat_interval_s):
             raise JobSpecError(
                 "failure.heartbeat_timeout_s", self.heartbeat_timeout_s,
                 f"more than failure.heartbeat_interval_s ({self.heartbeat_interval_s})",
@@ -235,6 +242,32 @@ class Failure:
         for name in ("warm_restart", "live_recovery"):
             if not isinstance(getattr(self, name), bool):
                 raise JobSpecError(f"failure.{name}", getattr(self, name), "True or False")
+
+
+#: Heartbeats a second that the automatic heartbeat interval holds one master to: with
+#: more nodes than this times 0.5 s, each node beats less often (:func:`auto_heartbeat`).
+#: What the master serves on 2 cores with room to spare (``benchmarks/master_scale.py``,
+#: ``docs/scale.md``).
+HEARTBEAT_RATE_PER_S = 2000
+#: The automatic heartbeat interval of a small job (seconds), and its smallest timeout.
+_MIN_HEARTBEAT_INTERVAL_S, _MIN_HEARTBEAT_TIMEOUT_S = 0.5, 30.0
+#: Heartbeats an agent may miss before the automatic timeout declares its node lost.
+_MISSED_HEARTBEATS = 6
+
+
+def auto_heartbeat(nodes: int) -> tuple[float, float]:
+    """The automatic ``(heartbeat_interval_s, heartbeat_timeout_s)`` of a job of at most
+    ``nodes`` nodes (``Failure`` fields left ``None``)::
+
+        interval_s = max(0.5, nodes / HEARTBEAT_RATE_PER_S)    # 2000: 0.5 s up to 1,000 nodes, 5 s at 10,000
+        timeout_s  = max(30, 6 * interval_s)                    # 30 s up to 10,000 nodes, 300 s at 100,000
+
+    so the master gets at most ``HEARTBEAT_RATE_PER_S`` heartbeats a second however large
+    the job, and a node is declared lost after six missed heartbeats (at least 30 s). A
+    failed worker or an exited agent is reported at once and does not wait for either.
+    """
+    interval_s = max(_MIN_HEARTBEAT_INTERVAL_S, nodes / HEARTBEAT_RATE_PER_S)
+    return interval_s, max(_MIN_HEARTBEAT_TIMEOUT_S, _MISSED_HEARTBEATS * interval_s)
 
 
 @attrs.frozen(init=False)
@@ -406,6 +439,32 @@ class JobSpec:
             value = getattr(self, field)
             if not isinstance(value, str) or not value:
                 raise JobSpecError(field, value, "a non-empty string")
+        if self.heartbeat_timeout_s <= self.heartbeat_interval_s:  # one of them automatic
+            raise JobSpecError(
+                "failure.heartbeat_timeout_s", self.heartbeat_timeout_s,
+                f"more than the heartbeat interval ({self.heartbeat_interval_s:g} s, automatic for "
+                f"nodes.max={self.nodes.max}: max(0.5, nodes / {HEARTBEAT_RATE_PER_S})); "
+                "set failure.heartbeat_interval_s too, or a longer timeout",
+            )
+
+    # ----- heartbeats ------------------------------------------------------------------
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        """Seconds between an agent's heartbeats: ``failure.heartbeat_interval_s``, or the
+        automatic one for ``nodes.max`` (:func:`auto_heartbeat`). Read it here, not from
+        ``failure``."""
+        if self.failure.heartbeat_interval_s is not None:
+            return float(self.failure.heartbeat_interval_s)
+        return auto_heartbeat(self.nodes.max)[0]
+
+    @property
+    def heartbeat_timeout_s(self) -> float:
+        """Seconds of silence after which a node is lost: ``failure.heartbeat_timeout_s``,
+        or ``max(30, 6 * heartbeat_interval_s)`` (:func:`auto_heartbeat`)."""
+        if self.failure.heartbeat_timeout_s is not None:
+            return float(self.failure.heartbeat_timeout_s)
+        return max(_MIN_HEARTBEAT_TIMEOUT_S, _MISSED_HEARTBEATS * self.heartbeat_interval_s)
 
     # ----- serialization ---------------------------------------------------------------
 

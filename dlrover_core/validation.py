@@ -9,9 +9,13 @@ the master, an agent or a worker decodes the spec.
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
+import os
+import shutil
 from pathlib import Path
 
+from dlrover_core import env
 from dlrover_core.errors import KNOWN_PLUGIN_PACKAGES, JobSpecError
 from dlrover_core.plugins import get_host
 from dlrover_core.spec import MODULE_PATTERN, JobSpec
@@ -46,6 +50,13 @@ def validate_job(job: JobSpec) -> None:
 
 
 def _check_entrypoint(ep: str, workdir: Path) -> None:
+    if os.environ.get(env.WORKER_EXEC) == "1":  # dlrover run --no-python: run as an executable, as torchrun does
+        path = workdir / ep
+        found = (path.is_file() and os.access(path, os.X_OK)) if "/" in ep else shutil.which(ep) is not None
+        if not found:
+            raise JobSpecError("entrypoint", ep, "an executable (--no-python): a path to one (relative to workdir "
+                                                 f"{str(workdir)!r}) or a command on PATH")
+        return
     if ep.endswith(".py") or "/" in ep:
         if not (workdir / ep).is_file():
             raise JobSpecError("entrypoint", ep, f"an existing script (looked in workdir {str(workdir)!r})")
@@ -53,12 +64,30 @@ def _check_entrypoint(ep: str, workdir: Path) -> None:
     if not MODULE_PATTERN.fullmatch(ep):
         raise JobSpecError("entrypoint", ep, "a script path, 'pkg.module' or 'pkg.module:function'")
     module = ep.split(":")[0]
+    if not _module_found(module, workdir):
+        raise JobSpecError("entrypoint", ep, f"an importable module; {module!r} was not found on sys.path "
+                                             f"nor in workdir {str(workdir)!r}")
+
+
+def _module_found(module: str, workdir: Path) -> bool:
+    """Whether the workers' ``python -m`` finds ``module``: on this sys.path or in ``workdir``
+    (their working directory, which ``python -m`` puts first on sys.path); nothing is imported
+    from ``workdir``."""
     try:
-        found = importlib.util.find_spec(module) is not None
+        if importlib.util.find_spec(module) is not None:
+            return True
     except (ImportError, ValueError):
-        found = False
-    if not found:
-        raise JobSpecError("entrypoint", ep, f"an importable module; {module!r} was not found on sys.path")
+        pass
+    path = [str(workdir.resolve())]
+    parts = module.split(".")
+    for i in range(len(parts)):
+        spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:i + 1]), path)
+        if spec is None:
+            return False
+        path = list(spec.submodule_search_locations or [])
+        if i < len(parts) - 1 and not path:
+            return False
+    return True
 
 
 def _check_name(field: str, name: str, kind: str) -> None:

@@ -12,7 +12,8 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
 def job_processes(job_id: str) -> list[psutil.Process]:
-    """Every live process that belongs to ``job_id`` (by its DLROVER_JOB_ID variable)."""
+    """Every live process that belongs to ``job_id``: by its DLROVER_JOB_ID variable, or with
+    the id on its command line (``dlrover run --rdzv-id ID`` and the agent and master it forks)."""
     found = []
     for p in psutil.process_iter():
         if p.pid == os.getpid():
@@ -20,7 +21,7 @@ def job_processes(job_id: str) -> list[psutil.Process]:
         try:
             if p.status() == psutil.STATUS_ZOMBIE:
                 continue
-            if p.environ().get("DLROVER_JOB_ID") == job_id:
+            if p.environ().get("DLROVER_JOB_ID") == job_id or job_id in p.cmdline():
                 found.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue

@@ -156,8 +156,8 @@ def test_nproc_per_node_far_above_the_cores_asks_for_force(script, monkeypatch):
     assert (f"--nproc-per-node 64 starts 64 cpu workers, more than {MAX_CPU_WORKERS_PER_CORE} per core of this "
             f"machine's 2 cores ({limit})") in result.output
     assert f"Use --nproc-per-node {limit} or fewer" in result.output and "--force" in result.output
-    # every node of the local scheduler runs here: 2 nodes x 5 workers = 10 > 8
-    result = CliRunner().invoke(main, ["run", "--dryrun", "--accelerator", "cpu", "--nnodes", "2",
+    # every simulated node runs here: 2 nodes x 5 workers = 10 > 8
+    result = CliRunner().invoke(main, ["run", "--dryrun", "--accelerator", "cpu", "--simulate-nodes", "2",
                                        "--nproc-per-node", "5", script])
     assert result.exit_code == 2 and "5 per node x 2 nodes" in result.output, result.output
     assert "--nproc-per-node 4 or fewer" in result.output

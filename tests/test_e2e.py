@@ -117,7 +117,7 @@ def test_dlrover_run_is_torchrun_compatible(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     proc = subprocess.run(
-        [sys.executable, "-m", "dlrover_core.cli", "run", "--nnodes", "2", "--nproc-per-node", "2",
+        [sys.executable, "-m", "dlrover_core.cli", "run", "--simulate-nodes", "2", "--nproc-per-node", "2",
          "--max-restarts", "2", "--log-dir", str(tmp_path / "runs"), "--accelerator", "cpu",
          str(SCRIPTS / "torchrun_style.py"), str(out), "--fail-first"],
         cwd=tmp_path, capture_output=True, text=True, timeout=150,

@@ -11,6 +11,9 @@ from dlrover_core.master.failures import signal_name
 from dlrover_core.master.goodput import GoodputTracker
 from dlrover_core.master.job_master import JobMaster
 from dlrover_core.protocol import (
+    Action,
+    AssignNode,
+    Cancel,
     Exited,
     FailureReport,
     Heartbeat,
@@ -248,3 +251,19 @@ def test_a_step_written_only_at_a_breakpoint_on_some_nodes_does_not_fail_the_job
     assert c.final_problem() is None
     c.shard_done(ShardReport(node_id=0, rank=0, step=20, world_size=2, round=1))
     assert "rank(s) [1] never saved it" in c.final_problem()
+
+
+def test_assign_node_is_idempotent_per_launcher_and_refuses_another_job(master):
+    """``dlrover run`` on each host asks for its node id: the same launcher key always gets
+    the same id (a retried call, a restarted agent); new keys get ids past every known node."""
+    master.register(Register(node_id=0, host="h", pid=100))  # a host given --node-rank 0
+    first = master.assign_node(AssignNode(key="hostA:11"))
+    second = master.assign_node(AssignNode(key="hostB:12", rdzv_id="job-1"))
+    assert (first.node_id, second.node_id) == (1, 2) and first.job_id == "job-1"
+    assert master.assign_node(AssignNode(key="hostA:11")).node_id == 1
+    other = master.assign_node(AssignNode(key="hostC:13", rdzv_id="job-9"))
+    assert other.action == Action.STOP and other.node_id == -1
+    assert "runs job 'job-1', not 'job-9'" in other.reason and "--rdzv-id" in other.reason
+    master.cancel(Cancel(reason="done"))
+    late = master.assign_node(AssignNode(key="hostD:14"))
+    assert late.action == Action.STOP and "already ended CANCELLED" in late.reason

@@ -120,6 +120,10 @@ def test_a_dead_node_takes_all_its_workers():
         ask(w, slot, pid, 0, reason="ready")
     w.node_died(1)
     assert w.nodes() == {0} and not w.has_node(1)
+    # its workers may only be cut off: the survivors' collectives must not wait for them
+    assert w.keys == ["live/abort/0"]
+    w.node_died(1)  # told twice (the agent's report, then the heartbeat timeout): set once
+    assert w.keys == ["live/abort/0"]
     ask(w, (0, 0), 10, 0)
     a = ask(w, (0, 1), 11, 0)
     assert (a.generation, a.world_size, a.rank) == (1, 2, 1)

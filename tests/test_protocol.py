@@ -18,6 +18,7 @@ from dlrover_core.protocol import (
     ENDPOINTS,
     Action,
     ActionAnswer,
+    AssignNode,
     Cancel,
     CheckpointErrorReport,
     Exited,
@@ -31,6 +32,7 @@ from dlrover_core.protocol import (
     LiveAssignment,
     LiveReform,
     MasterStatus,
+    NodeAssigned,
     NodeCheckReport,
     NodeCheckResult,
     NodeRelaunch,
@@ -64,6 +66,9 @@ HEARTBEAT = Heartbeat(node_id=1, round=2, workers={4: 1001, 5: 1002}, steps={4: 
 #: One filled-in example of every message (non-default values wherever a field has one).
 EXAMPLES = [
     NodeRelaunch(node_id=3, replaces=1, reason="node 1 was lost", attempt=2),
+    AssignNode(key="host-a:4242", rdzv_id="job-1"),
+    NodeAssigned(node_id=3, job_id="job-1"),
+    NodeAssigned(node_id=-1, job_id="job-1", action=Action.STOP, reason="job job-1 already ended SUCCEEDED"),
     Register(node_id=1, host="vm", pid=42),
     Registered(action=Action.NONE, job_id="job-1", token=7),
     Join(node_id=1, nproc=4, token=7),
@@ -257,3 +262,89 @@ def test_a_request_the_master_refuses_raises_with_its_reason(served):
     _, _, client = served
     with pytest.raises(DLRoverError, match="does not coordinate checkpoints"):
         client.restore_plan(RestorePlanRequest(round=0, rank=0, world_size=1))
+
+
+# ----- the restore agreement: a long poll ---------------------------------------------------------
+
+
+@pytest.fixture
+def agreeing(workdir, monkeypatch):
+    """A served master with checkpoint storage; ``calls`` counts the restore calls it handles."""
+    from dlrover_core.storage.posix import PosixStorage
+
+    (workdir / "t.py").write_text("")
+    job = Job(name="p", entrypoint="t.py", nodes=Nodes(min=2, max=2))
+    master = JobMaster(job, "job-p", store_host="127.0.0.1", store_factory=lambda: (5000, None), log_dir=workdir,
+                       storage=PosixStorage(str(workdir / "ck")))
+    calls = {"restore_plan": 0, "restore_verify": 0}
+
+    def counting(name):
+        method = getattr(master, name)
+
+        def counted(message):
+            calls[name] += 1
+            return method(message)
+        return counted
+
+    for name in calls:
+        monkeypatch.setattr(master, name, counting(name))
+    server = MasterServer(master, "127.0.0.1", 0)
+    server.start()
+    clients = [MasterClient(f"127.0.0.1:{server.port}", addr_file="") for _ in range(2)]
+    try:
+        yield server, clients, calls
+    finally:
+        for client in clients:
+            client.close()
+        server.stop()
+
+
+def _in_thread(call):
+    """Run ``call()`` in a thread; the returned function joins it and gives (answer, when)."""
+    import threading
+    import time
+
+    out = []
+    thread = threading.Thread(target=lambda: out.append((call(), time.monotonic())))
+    thread.start()
+    return lambda: (thread.join(10), out[0])[1]
+
+
+def test_a_rank_waiting_for_the_restore_decision_is_held_not_polling(agreeing):
+    """The first rank to ask for the restore decision is held by the master (a long poll)
+    and answered as soon as the last rank reports: one request however long it waits (the
+    master asks itself once more when woken), not one every few milliseconds; the same for
+    verifying a storage step."""
+    import time
+
+    _, (first, last), calls = agreeing
+    waiter = _in_thread(lambda: first.restore_plan(RestorePlanRequest(round=0, rank=0, world_size=2)))
+    time.sleep(0.5)  # rank 1 is late (still importing torch, say)
+    decided = last.restore_plan(RestorePlanRequest(round=0, rank=1, world_size=2))
+    answered_at = time.monotonic()
+    held, woken_at = waiter()
+    assert decided == held == RestoreDecision(state="ready", source="fresh", step=None)
+    assert woken_at - answered_at < 0.25
+    assert calls["restore_plan"] == 3  # rank 0: asked, woken and asked again (one request); rank 1: once
+
+    waiter = _in_thread(lambda: first.restore_verify(RestoreVerify(round=0, rank=0, world_size=2, step=7, ok=True)))
+    time.sleep(0.5)
+    assert last.restore_verify(RestoreVerify(round=0, rank=1, world_size=2, step=7, ok=True)).state == "ok"
+    held, _ = waiter()
+    assert held == RestoreVerifyAnswer(state="ok", step=7) and calls["restore_verify"] == 3
+
+
+def test_a_held_restore_call_is_answered_waiting_when_its_hold_ends(agreeing, monkeypatch):
+    """Alone, a rank is answered ``waiting`` after the hold time (the client's long-poll
+    timeout covers it) and asks again; the master handled its call once per hold."""
+    import time
+
+    from dlrover_core.master import server as server_module
+
+    monkeypatch.setattr(server_module, "POLL_HOLD_MAX_S", 0.3)
+    _, (first, _), calls = agreeing
+    t0 = time.monotonic()
+    answer = first.restore_plan(RestorePlanRequest(round=0, rank=0, world_size=2))
+    assert answer.state == "waiting" and 0.25 <= time.monotonic() - t0 < 2.0
+    assert calls["restore_plan"] <= 2  # asked, and perhaps once more if something else woke it
+    assert ENDPOINTS["restore_plan"].held and ENDPOINTS["restore_verify"].held and ENDPOINTS["poll"].held

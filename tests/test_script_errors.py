@@ -13,6 +13,7 @@ import pytest
 from helpers import SCRIPTS, job_processes
 
 from dlrover_core import Checkpoint, Failure, Job, JobState, Nodes
+from dlrover_core.agent.progress import exception_from_output
 from dlrover_core.master.job_master import JobMaster
 from dlrover_core.protocol import FailureReport, Heartbeat, Join, Poll, Register, WorkerException, WorkerFailure
 
@@ -148,3 +149,25 @@ def test_a_script_error_stops_the_job_after_its_first_occurrence(tmp_path, scrip
     assert result.restarts <= 1
     assert time.monotonic() - t0 < 90
     assert job_processes(result.job_id) == []
+
+
+def test_an_exception_is_read_from_the_traceback_a_worker_printed(tmp_path):
+    """A worker that died before importing dlrover_core.train (an error at import) recorded
+    nothing: its agent reads the exception from the traceback at the end of its output."""
+    log = tmp_path / "rank_0.log"
+    log.write_text("starting\nTraceback (most recent call last):\n  File \"t.py\", line 1, in <module>\n"
+                   "    import nope\nModuleNotFoundError: No module named 'nope'\n")
+    exc = exception_from_output(log, step=-1)
+    assert exc is not None and exc.exc_type == "ModuleNotFoundError" and exc.message == "No module named 'nope'"
+    assert exc.raised_before_first_step() and "import nope" in exc.traceback
+    chained = tmp_path / "rank_1.log"
+    chained.write_text("Traceback (most recent call last):\n  x\nKeyError: 'a'\n\nDuring handling of the above "
+                       "exception, another exception occurred:\n\nTraceback (most recent call last):\n  y\n"
+                       "torch.distributed.DistBackendError: boom\n")
+    last = exception_from_output(chained, step=7)
+    assert last is not None and (last.exc_type, last.message, last.step) == ("torch.distributed.DistBackendError",
+                                                                           "boom", 7)
+    assert not last.raised_before_first_step()
+    (tmp_path / "clean.log").write_text("done\n")
+    assert exception_from_output(tmp_path / "clean.log", step=3) is None
+    assert exception_from_output(tmp_path / "missing.log", step=3) is None

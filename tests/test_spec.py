@@ -182,3 +182,30 @@ def test_scheduler_options_are_json_data_named_in_errors(script):
     with pytest.raises(JobSpecError) as err:
         make(script, scheduler_options={"image": object()})
     assert err.value.field == "scheduler_options['image']"
+
+
+def test_the_default_heartbeat_grows_with_the_job(script):
+    """Left unset, the heartbeat interval keeps one master at 2,000 heartbeats a second:
+    0.5 s up to 1,000 nodes, 5 s at 10,000, 50 s at 100,000; the timeout is six missed
+    heartbeats, at least 30 s. Explicit values win; the spec keeps None (automatic)."""
+    from dlrover_core.spec import auto_heartbeat
+
+    for nodes, interval_s, timeout_s in ((1, 0.5, 30.0), (1000, 0.5, 30.0), (4000, 2.0, 30.0),
+                                         (10_000, 5.0, 30.0), (100_000, 50.0, 300.0)):
+        job = make(script, nodes=Nodes(min=1, max=nodes))
+        assert (job.heartbeat_interval_s, job.heartbeat_timeout_s) == (interval_s, timeout_s) == auto_heartbeat(nodes)
+        assert job.failure.heartbeat_interval_s is None and job.to_dict()["failure"]["heartbeat_interval_s"] is None
+    job = make(script, nodes=10_000, failure=Failure(heartbeat_interval_s=0.2))
+    assert (job.heartbeat_interval_s, job.heartbeat_timeout_s) == (0.2, 30.0)
+    job = make(script, nodes=10_000, failure=Failure(heartbeat_timeout_s=12))
+    assert (job.heartbeat_interval_s, job.heartbeat_timeout_s) == (5.0, 12.0)
+    assert Job.from_dict(job.to_dict()) == job
+
+
+def test_a_timeout_below_the_automatic_interval_is_refused_naming_the_field(script):
+    with pytest.raises(JobSpecError) as err:
+        make(script, nodes=100_000, failure=Failure(heartbeat_timeout_s=20))
+    assert err.value.field == "failure.heartbeat_timeout_s"
+    assert "automatic for nodes.max=100000" in str(err.value)
+    with pytest.raises(JobSpecError, match="failure.heartbeat_interval_s"):
+        Failure(heartbeat_interval_s=0)

@@ -8,6 +8,7 @@ instead of raising.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 import shutil
 import subprocess
@@ -63,6 +64,18 @@ def run_tool(argv: list[str], *, timeout_s: float = TOOL_TIMEOUT_S, env: dict[st
         tail = (done.stderr or done.stdout).strip()[-300:]
         return ToolOutput(False, stdout=done.stdout, reason=f"{tool} exited with status {done.returncode}: {tail}")
     return ToolOutput(True, stdout=done.stdout)
+
+
+def cpu_only_torch() -> str | None:
+    """The installed torch's version when it is a CPU build (``"2.13.0+cpu"``: the wheels of
+    download.pytorch.org/whl/cpu carry the ``+cpu`` local version), else ``None``. Read from
+    the package metadata: a probe learns that torch has no CUDA without importing it (about
+    1.4 s, which every agent start would pay)."""
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return version if version.endswith("+cpu") else None
 
 
 def try_import(module: str) -> tuple[Any, str | None]:

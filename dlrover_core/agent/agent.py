@@ -48,11 +48,12 @@ from typing import IO, Any, Protocol, TypeVar
 from dlrover_core import env as env_names
 from dlrover_core.agent.hang import PEER_DUMP_GRACE_S, HangWatcher
 from dlrover_core.agent.launch import worker_argv, worker_env
-from dlrover_core.agent.progress import ProgressTail
+from dlrover_core.agent.progress import ProgressTail, exception_from_output
 from dlrover_core.agent.workers import Standby, WorkerProcess, kill_trees
 from dlrover_core.checkpoint.saver import CheckpointSaver
 from dlrover_core.checkpoint.shm import node_prefix, remove_segments
 from dlrover_core.errors import MasterUnavailableError, ProtocolError, RendezvousError
+from dlrover_core.fileio import write_atomic
 from dlrover_core.logging import get_logger
 from dlrover_core.protocol.client import MasterClient
 from dlrover_core.protocol.codec import decode
@@ -74,6 +75,7 @@ from dlrover_core.protocol.messages import (
     Succeeded,
     WorkerFailure,
 )
+from dlrover_core.retry import rpc_retrying
 from dlrover_core.spec import JobSpec
 
 __all__ = ["ElasticAgent"]
@@ -125,6 +127,7 @@ class ElasticAgent:
         nproc: workers to start per round.
         storage: checkpoint storage for the saver (``None``: no saver).
         echo: where worker output is copied with a ``[rank N]`` prefix (stdout).
+        result_file: where to write the job's :class:`JobResult` (JSON) when it ends.
     """
 
     def __init__(
@@ -139,8 +142,10 @@ class ElasticAgent:
         nproc: int,
         storage: Any = None,
         echo: IO[str] | None = None,
+        result_file: Path | None = None,
     ) -> None:
         self.job = job
+        self.result_file = result_file
         self.job_id = job_id
         self.node_id = node_id
         self.client = client
@@ -155,6 +160,7 @@ class ElasticAgent:
         self._signal: int | None = None
         self.token = 0  # fencing token, from register
         self._fenced = threading.Event()
+        self._master_lost = threading.Event()  # no heartbeat reached the master for its timeout
         self._standbys: list[Standby] = []
         self._breakpoint_due: float | None = None  # monotonic deadline of a pending breakpoint save
         self._storage = storage
@@ -236,7 +242,8 @@ class ElasticAgent:
             self.saver.start()
         self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="dlrover-heartbeat", daemon=True)
         self._hb_thread.start()
-        self._fill_standbys()
+        # no standbys yet: they would import torch beside the first workers (and the master),
+        # slowing the start they exist to speed up; they are made once workers report steps
         try:
             while not self._stop.is_set():
                 world = self._rendezvous()
@@ -252,6 +259,8 @@ class ElasticAgent:
         if self._signal is not None:
             log.info("agent_signalled", node_id=self.node_id, signal=signal.Signals(self._signal).name)
             return 128 + self._signal
+        if self._master_lost.is_set():
+            return 1
         return 3 if self._fenced.is_set() else 0
 
     def _exit(self) -> None:
@@ -268,7 +277,8 @@ class ElasticAgent:
             # requeue, cancel) stops this node: persist what memory holds
             if not self._fenced.is_set() and (self._breakpoint_due is not None or self._signal is not None):
                 self.saver.request_breakpoint()
-            bound = 0.0 if (self.saver.fatal or self._fenced.is_set()) else self.job.checkpoint.persist_timeout_s
+            gone = self._fenced.is_set() or self._master_lost.is_set()
+            bound = 0.0 if (self.saver.fatal or gone) else self.job.checkpoint.persist_timeout_s
             result = self.saver.stop(timeout_s=bound)
             if not result.ok and not self._fenced.is_set() and bound:
                 log.error("checkpoint_not_durable_at_exit", node_id=self.node_id, reason=result.reason)
@@ -277,27 +287,60 @@ class ElasticAgent:
         self._hb_stop.set()
         if self._hb_thread is not None:
             self._hb_thread.join(timeout=10)
-        if not self._fenced.is_set():
+        if not self._fenced.is_set() and not self._master_lost.is_set():
+            self._keep_result()
             with contextlib.suppress(Exception):  # the master may already be gone
                 self.client.exited(Exited(node_id=self.node_id, token=self._token))
+
+    def _keep_result(self) -> None:
+        """Write the job's result to ``result_file`` when the job is over (before this agent
+        says it exits: the master may leave once every agent did). ``dlrover run`` on a host
+        without the master reads it to exit with the job's outcome."""
+        if self.result_file is None:
+            return
+        with contextlib.suppress(Exception):  # best effort: the master may already be gone
+            result = self.client.result()
+            if result.state.is_terminal:
+                write_atomic(self.result_file, json.dumps(result.to_dict()))
 
     # ----- heartbeats (own thread) ------------------------------------------------------------
 
     def _heartbeat_loop(self) -> None:
         """Beat every ``Failure.heartbeat_interval_s`` until the agent exits, on a client of
         its own: an order for the running round is left in ``_ordered`` for the main loop."""
-        client = MasterClient(self.client.addr)
-        interval = self.job.failure.heartbeat_interval_s
+        interval = self.job.heartbeat_interval_s
+        give_up_s = self.job.heartbeat_timeout_s
+        # a beat is retried for a few intervals only, so the watch below sees failures in time;
+        # a slow answer (a loaded master) is waited for up to half the timeout
+        client = MasterClient(self.client.addr, timeout_s=max(2.0, min(10.0, give_up_s / 2)),
+                              retrying=lambda: rpc_retrying(attempts=3, max_total_s=max(1.0, 2 * interval)))
+        last_ok = time.monotonic()
         try:
             while not self._hb_stop.wait(interval):
                 try:
                     self._beat(client)
+                    last_ok = time.monotonic()
                 except MasterUnavailableError as exc:
                     log.warning("heartbeat_failed", node_id=self.node_id, error=str(exc))
+                    silent_s = time.monotonic() - last_ok
+                    if silent_s > give_up_s:  # the master has lost this node by now, if it lives
+                        self._lose_master(silent_s)
+                        return
                 except Exception as exc:  # never let the heartbeat thread die
                     log.error("heartbeat_error", node_id=self.node_id, error=f"{type(exc).__name__}: {exc}")
         finally:
             client.close()
+
+    def _lose_master(self, silent_s: float) -> None:
+        """No heartbeat reached the master for ``Failure.heartbeat_timeout_s``: it is gone, or
+        this host is cut off from it (then it has declared this node lost, and the others go
+        on). Stop the workers and exit 1 without calling it again: under ``dlrover run`` the
+        host's launcher starts the agent anew if the master answers again (the node then
+        rejoins), or reports the master unreachable."""
+        log.error("master_lost", node_id=self.node_id, silent_s=round(silent_s, 1), master_addr=self.client.addr,
+                  reason="no heartbeat reached the job master for failure.heartbeat_timeout_s")
+        self._master_lost.set()
+        self._stop.set()
 
     def _beat(self, client: MasterClient | None = None) -> Action:
         """One heartbeat: the round's progress, worker pids and storage saves; returns the
@@ -376,7 +419,7 @@ class ElasticAgent:
         stdout = stderr = ""
         while True:
             try:
-                stdout, stderr = proc.communicate(timeout=self.job.failure.heartbeat_interval_s)
+                stdout, stderr = proc.communicate(timeout=self.job.heartbeat_interval_s)
                 break
             except subprocess.TimeoutExpired:  # (the heartbeat thread keeps the node alive meanwhile)
                 if time.monotonic() > deadline:
@@ -444,9 +487,14 @@ class ElasticAgent:
             self._standbys.append(Standby(env=self._standby_env(), cwd=self.job.workdir))
 
     def _take_standby(self) -> Standby | None:
-        while self._standbys:
-            standby = self._standbys.pop(0)
-            if standby.alive():
+        """A warm standby, if one is ready (one still warming up would start the worker later
+        than a fresh process: it stays for a later start). None for ``--no-python``."""
+        if os.environ.get(env_names.WORKER_EXEC) == "1":
+            return None
+        self._standbys = [s for s in self._standbys if s.alive()]
+        for standby in self._standbys:
+            if standby.ready():
+                self._standbys.remove(standby)
                 return standby
         return None
 
@@ -601,14 +649,22 @@ class ElasticAgent:
             self._stop.wait(_POLL_S)
         return Action.STOP
 
+    def _read_exceptions(self, failed: list[tuple[WorkerProcess, int]]) -> None:
+        """Each failed worker's uncaught exception: its own record, else the traceback at the
+        end of its output (a script that failed before importing ``dlrover_core.train``)."""
+        with self._state_lock:
+            for w, code in failed:
+                tail = self._tails[w.rank]
+                tail.read()  # an uncaught exception's record, if the worker wrote one
+                if tail.exception is None and code > 0:
+                    tail.exception = exception_from_output(w.log_file, step=tail.last_step)
+
     def _on_failure(self, round_index: int, failed: list[tuple[WorkerProcess, int]]) -> Action:
         for w, code in failed:
             log.warning("worker_exited", node_id=self.node_id, rank=w.rank, local_rank=w.local_rank, exit_code=code)
         for w, _ in failed:
             w.join_output()
-        with self._state_lock:
-            for w, _ in failed:
-                self._tails[w.rank].read()  # an uncaught exception's record, if the worker wrote one
+        self._read_exceptions(failed)
         early = any((exc := self._tails[w.rank].exception) is not None and exc.before_first_step for w, _ in failed)
         if early and len(failed) < len(self.workers):
             # an error before the first step is likely the script's, raised by every rank:
@@ -620,9 +676,7 @@ class ElasticAgent:
             failed = [(w, c) for w in self.workers if (c := w.poll()) not in (None, 0)]
             for w, _ in failed:
                 w.join_output()
-            with self._state_lock:
-                for w, _ in failed:
-                    self._tails[w.rank].read()
+            self._read_exceptions(failed)
         failures = [WorkerFailure.exited(rank=w.rank, local_rank=w.local_rank, exit_code=code,
                                          exception=self._tails[w.rank].exception) for w, code in failed]
         # a worker of this node loops in the live world: the master may answer ``replace``

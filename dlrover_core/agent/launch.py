@@ -20,9 +20,13 @@ __all__ = ["preview_workers", "worker_argv", "worker_env"]
 
 
 def worker_argv(job: JobSpec, python: str | None = None) -> list[str]:
-    """The worker command for ``job.entrypoint`` (a script, ``pkg.mod`` or ``pkg.mod:fn``)."""
+    """The worker command for ``job.entrypoint`` (a script, ``pkg.mod`` or ``pkg.mod:fn``);
+    the entrypoint itself, as an executable, when ``DLROVER_WORKER_EXEC`` is ``1``
+    (``dlrover run --no-python``, as torchrun's)."""
     python = python or sys.executable
     ep = job.entrypoint
+    if os.environ.get(env.WORKER_EXEC) == "1":
+        return [ep, *job.args]
     if ep.endswith(".py") or "/" in ep:
         return [python, "-u", ep, *job.args]
     if ":" in ep:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,40 @@ from dlrover_core.errors import ProtocolError
 from dlrover_core.protocol.codec import decode
 from dlrover_core.protocol.messages import WorkerException
 
-__all__ = ["ProgressTail"]
+__all__ = ["ProgressTail", "exception_from_output"]
+
+#: How much of the end of a worker's output is searched for its traceback (bytes).
+_OUTPUT_TAIL_BYTES = 64 * 1024
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
+
+
+def exception_from_output(log_file: Path, *, step: int) -> WorkerException | None:
+    """The uncaught exception a worker died of, read from the traceback at the end of its
+    output (``log_file``): for a worker that died before it recorded one itself (an error
+    at import, before ``dlrover_core.train`` installed its hook, as any torchrun script).
+    ``None`` when the output ends without a traceback. ``step``: the last step it reported."""
+    try:
+        with open(log_file, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - _OUTPUT_TAIL_BYTES))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    start = text.rfind("Traceback (most recent call last):")
+    if start < 0:
+        return None
+    lines = text[start:].splitlines()
+    for i in range(len(lines) - 1, 0, -1):  # the last unindented line of the block names the exception
+        line = lines[i].rstrip()
+        if not line or line.startswith((" ", "\t")):
+            continue
+        match = _EXCEPTION_LINE.match(line)
+        if match is None or not any(ch.isalpha() for ch in match.group(1)):
+            continue
+        return WorkerException(exc_type=match.group(1), message=(match.group(2) or "")[:1000], step=step,
+                               before_first_step=step < 0, traceback="\n".join(lines[max(0, i - 20):i + 1])[-4000:])
+    return None
 
 
 class ProgressTail:

@@ -21,6 +21,7 @@ import runpy
 import sys
 
 import dlrover_core.train  # noqa: F401  (what workers import, before they are needed)
+from dlrover_core.env import STANDBY_READY_FD
 from dlrover_core.plugins import get_host, reset_host
 from dlrover_core.train.progress import install_excepthook
 
@@ -59,8 +60,21 @@ def _run(argv: list[str]) -> None:
         runpy.run_path(script, run_name="__main__")
 
 
+def _say_ready() -> None:
+    """One byte on the agent's pipe: warm now (the agent prefers a fresh process before)."""
+    fd = int(os.environ.pop(STANDBY_READY_FD, "-1"))
+    if fd >= 0:
+        try:
+            os.write(fd, b"1")
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
 def main() -> None:
     _preload()
+    _say_ready()
     line = sys.stdin.readline()
     if not line:  # the agent closed the pipe without a job: not needed any more
         return

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -13,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
+from dlrover_core.env import CONSOLE_LOCAL_RANKS, STANDBY_READY_FD
 from dlrover_core.proctree import kill_trees as _kill_trees
 
 __all__ = ["Standby", "WorkerProcess", "kill_trees"]
@@ -39,31 +41,65 @@ class Standby:
     workers need and waits; :meth:`activate` turns it into a worker."""
 
     def __init__(self, *, env: dict[str, str], cwd: str) -> None:
-        self.popen = subprocess.Popen(
-            [*_launcher(), sys.executable, "-u", "-m", "dlrover_core.agent.standby"], env=env, cwd=cwd,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+        self._ready_r, ready_w = os.pipe()
+        try:
+            self.popen = subprocess.Popen(
+                [*_launcher(), sys.executable, "-u", "-m", "dlrover_core.agent.standby"],
+                env={**env, STANDBY_READY_FD: str(ready_w)}, cwd=cwd, pass_fds=(ready_w,),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        finally:
+            os.close(ready_w)
+        os.set_blocking(self._ready_r, False)
+        self._ready = False
 
     def alive(self) -> bool:
         return self.popen.poll() is None
+
+    def ready(self) -> bool:
+        """Whether it finished warming up (imports, a first step): activated before that, it
+        would start the worker later than a fresh process would."""
+        if not self._ready:
+            with contextlib.suppress(BlockingIOError, OSError):
+                self._ready = os.read(self._ready_r, 1) == b"1"
+        return self._ready
 
     def activate(self, *, argv: Sequence[str], env: dict[str, str], cwd: str) -> subprocess.Popen:
         """Hand the standby its worker command; returns its process (now the worker)."""
         assert self.popen.stdin is not None
         self.popen.stdin.write((json.dumps({"argv": list(argv), "env": env, "cwd": cwd}) + "\n").encode())
         self.popen.stdin.close()
+        self._close_pipe()
         return self.popen
 
+    def _close_pipe(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._ready_r)
+
     def close(self) -> None:
-        """Retire an unused standby (closing its stdin makes it exit)."""
+        """Retire an unused standby: closing its stdin makes a warm one exit; one still
+        warming up reads stdin only once warm, so it is killed (it holds nothing yet)."""
+        ready = self.ready()
+        self._close_pipe()
         with contextlib.suppress(OSError, ValueError):
             if self.popen.stdin is not None:
                 self.popen.stdin.close()
+        if not ready:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.popen.pid, signal.SIGKILL)
         try:
             self.popen.wait(timeout=5)
         except subprocess.TimeoutExpired:
             self.popen.kill()
             self.popen.wait()
+
+
+def _on_console(local_rank: int) -> bool:
+    """Whether a worker's output goes to the agent's console (``DLROVER_CONSOLE_LOCAL_RANKS``)."""
+    ranks = os.environ.get(CONSOLE_LOCAL_RANKS)
+    if ranks is None:
+        return True
+    return str(local_rank) in {r.strip() for r in ranks.split(",")}
 
 
 class WorkerProcess:
@@ -99,7 +135,7 @@ class WorkerProcess:
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
             )
         self.pid = self.popen.pid
-        self._echo = echo
+        self._echo = echo if _on_console(local_rank) else None
         self._pump = threading.Thread(target=self._copy_output, name=f"dlrover-log-rank{rank}", daemon=True)
         self._pump.start()
 

@@ -2,7 +2,7 @@
 
 The Job comes as JSON in ``DLROVER_JOB_SPEC``. The master journals its state in
 ``--log-dir`` (:mod:`~dlrover_core.master.journal`): every decision is written ahead, and
-soft state (progress, metrics) every half second; a master started where a journal exists
+soft state (progress, metrics) every half second (nodes / 500 s above 250 nodes); a master started where a journal exists
 resumes from it (the local scheduler restarts a master that died). On exit it writes
 ``goodput.json`` (the timeline) and ``result.json`` (the JobResult) atomically.
 
@@ -18,6 +18,7 @@ import errno
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -34,22 +35,106 @@ from dlrover_core.protocol.messages import Cancel
 from dlrover_core.scheduler_backend import JobHandle
 from dlrover_core.spec import JobSpec
 
-#: Seconds between writes of soft state (progress, metrics, goodput) to the journal; every
-#: decision is written ahead, at once, whatever this says.
+#: Seconds between writes of soft state (progress, metrics, goodput) to the journal in a
+#: small job; every decision is written ahead, at once, whatever this says.
 _JOURNAL_S = 0.5
+#: Nodes per second of soft-state journal interval in a large job (see soft_state_journal_s).
+_JOURNAL_NODES_PER_S = 500
+
+
+def soft_state_journal_s(nodes: int) -> float:
+    """Seconds between soft-state snapshots for a job of ``nodes`` nodes:
+    ``max(0.5, nodes / 500)`` — 0.5 s up to 250 nodes, 20 s at 10,000. A snapshot of the
+    whole node table costs about 20 ms per 1,000 nodes of the master's time (measured with
+    ``benchmarks/master_scale.py``, ``docs/scale.md``), during which requests wait; spacing
+    them keeps that under about 1% of the master's time. What a master restarted from its
+    journal may lose is soft state only (progress and metrics of that interval), which the
+    next heartbeats bring back."""
+    return max(_JOURNAL_S, nodes / _JOURNAL_NODES_PER_S)
 #: Seconds a master retries a taken ``--port`` before it takes a free one (with an address file).
 _PORT_RETRY_S = 2.0
 
 
+def _import_torch() -> None:
+    import torch.distributed  # noqa: F401  (heavy)
+
+
+#: The thread importing torch, started once the master serves (before, it would slow the
+#: master's own start: both need the interpreter lock). Round stores need torch.
+_TORCH_IMPORT = threading.Thread(target=_import_torch, name="dlrover-import-torch", daemon=True)
+
+
 def _store_factory():
-    """``make(port=0) -> (port, store)``: a TCPStore server for a round (``port`` 0: a free one)."""
-    import torch.distributed as dist  # heavy: only a serving master needs it
+    """``make(port=0) -> (port, store)``: a TCPStore server for a round (``port`` 0: a free one).
+
+    While torch is still being imported (a master that just started), the round is answered
+    at once with a reserved port and a :class:`_LateStore` whose server starts on that port
+    as soon as torch is in: workers import torch themselves before they connect, and a
+    TCPStore client retries its connection meanwhile.
+    """
 
     def make(port: int = 0):
+        if "torch.distributed" not in sys.modules or _TORCH_IMPORT.is_alive():
+            return _late_store(port)
+        import torch.distributed as dist  # heavy: imported already (on a thread at start)
+
         store = dist.TCPStore("0.0.0.0", port, is_master=True, wait_for_workers=False, use_libuv=True)
         return store.port, store
 
     return make
+
+
+def _late_store(port: int):
+    reserved = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    reserved.bind(("0.0.0.0", port))
+    store = _LateStore(reserved)
+    return store.port, store
+
+
+class _LateStore:
+    """A round's TCPStore server that starts once torch is imported; until then its port is
+    held by a bound (not listening) socket so that no other process takes it. Its methods
+    wait for the server."""
+
+    def __init__(self, reserved: socket.socket) -> None:
+        self.port: int = reserved.getsockname()[1]
+        self._reserved = reserved
+        self._store = None
+        self._error: BaseException | None = None
+        self._ready = threading.Event()
+        threading.Thread(target=self._start, name="dlrover-late-store", daemon=True).start()
+
+    def _start(self) -> None:
+        try:
+            if _TORCH_IMPORT.is_alive():
+                _TORCH_IMPORT.join()
+            import torch.distributed as dist  # heavy: imported by now
+
+            self._reserved.close()
+            self._store = dist.TCPStore("0.0.0.0", self.port, is_master=True, wait_for_workers=False,
+                                        use_libuv=True)
+        except BaseException as exc:  # noqa: BLE001 - re-raised on use
+            self._error = exc
+            get_logger().error("round_store_failed", port=self.port, error=f"{type(exc).__name__}: {exc}")
+        finally:
+            self._ready.set()
+
+    def __getattr__(self, name: str):
+        self._ready.wait()
+        if self._store is None:
+            raise RuntimeError(f"the round's TCPStore on port {self.port} did not start: {self._error!r}")
+        return getattr(self._store, name)
+
+    def set(self, key: str, value: str) -> None:
+        self.__getattr__("set")(key, value)
+
+
+def _await_launcher(request) -> None:
+    """``relaunch(NodeRelaunch)`` under ``dlrover run`` on each host: the lost node's own
+    launcher restarts its agent (``dlrover_core.hostrun``); the master awaits its register
+    (re-ordered after ``Failure.heartbeat_timeout_s``, up to its relaunch cap)."""
+    get_logger().info("node_relaunch_awaited", node_id=request.node_id, by="its host's dlrover run")
 
 
 def _relauncher(job, job_id: str, log_dir: Path):
@@ -89,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--store-host", default="127.0.0.1", help="address workers use to reach round stores")
     parser.add_argument("--log-dir", required=True)
+    parser.add_argument("--listen-fd", type=int, default=None,
+                        help="serve on this inherited, listening socket (dlrover run binds the endpoint)")
+    parser.add_argument("--relaunch-by-launchers", action="store_true",
+                        help="nodes are relaunched by their hosts' launchers (dlrover run on each host restarts "
+                             "its agent), not through the scheduler: a lost node is awaited")
     args = parser.parse_args(argv)
     configure()
     log = get_logger()
@@ -101,15 +191,20 @@ def main(argv: list[str] | None = None) -> int:
     journal = Journal(log_dir / "master_journal.json")
     make_store = _store_factory()
     master = JobMaster(job, args.job_id, store_host=args.store_host, store_factory=make_store,
-                       storage=storage, relaunch=_relauncher(job, args.job_id, log_dir), log_dir=log_dir,
+                       storage=storage, relaunch=_await_launcher if args.relaunch_by_launchers else _relauncher(job, args.job_id, log_dir),
+                       log_dir=log_dir,
                        emit=host.emit, journal=journal, reopen_store=lambda port: make_store(port)[1])
     if journal.exists():  # this master replaces one that died: resume its state
         snapshot, entries = journal.load()
         if snapshot is not None:
             master.restore(snapshot, entries)
     addr_file = os.environ.get(env.MASTER_ADDR_FILE)
-    server = _listen(master, args.host, args.port, fallback=bool(addr_file))
+    if args.listen_fd is not None:
+        server = MasterServer(master, sock=socket.socket(fileno=args.listen_fd))
+    else:
+        server = _listen(master, args.host, args.port, fallback=bool(addr_file))
     server.start()
+    _TORCH_IMPORT.start()
     if addr_file:
         _write_atomic(Path(addr_file), f"{args.host}:{server.port}")
     log.info("master_started", job_id=args.job_id, addr=f"{args.host}:{server.port}", pid=os.getpid())
@@ -124,12 +219,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     watch = int(os.environ.get(env.WATCH_PID, "0") or 0)
 
-    drain_s = job.failure.stop_grace_s + 3 * job.failure.heartbeat_interval_s + 5.0
+    drain_s = job.failure.stop_grace_s + 3 * job.heartbeat_interval_s + 5.0
+    journal_s = soft_state_journal_s(job.nodes.max)
     finished_at: float | None = None
     last_journal = 0.0
     while True:
         master.tick()
-        if time.monotonic() - last_journal >= _JOURNAL_S:
+        if time.monotonic() - last_journal >= journal_s:
             last_journal = time.monotonic()
             master.write_journal()
         if watch and not _alive(watch):

@@ -89,6 +89,7 @@ from dlrover_core.protocol.events import JobEvent
 from dlrover_core.protocol.messages import (
     Action,
     ActionAnswer,
+    AssignNode,
     Cancel,
     CheckpointErrorReport,
     Exited,
@@ -99,6 +100,7 @@ from dlrover_core.protocol.messages import (
     Joined,
     LiveAssignment,
     LiveReform,
+    NodeAssigned,
     NodeCheckReport,
     NodeRelaunch,
     Poll,
@@ -223,6 +225,7 @@ class JobMaster:
         self._held: tuple[int, float, int] | None = None  # (round, until, node): a restart awaiting a verdict
         self._whole_rounds_from = 0  # rounds this master heard from their start (a restored one: the next)
         self._last_token = 0  # the newest fencing token given to an agent
+        self._assigned: dict[str, int] = {}  # launcher key -> node id handed out (AssignNode)
         self.live: LiveWorld | None = None  # the running round's live world (DESIGN §5a)
         self.live_why = self._live_blocker()  # why failures restart every worker ("": they need not)
         self._live_told = 0  # transitions of the live world already turned into events
@@ -242,7 +245,7 @@ class JobMaster:
         return self._clock() - self.started
 
     def _event(self, kind: str, /, **data: Any) -> None:
-        event = JobEvent(kind=kind, job_id=self.job_id, time_s=self._now(), data=data)
+        event = JobEvent(kind=kind, job_id=self.job_id, time_s=self._now(), data=data, unix_time_s=time.time())
         if self._events_file is not None:
             self._events_file.write(json.dumps(event.to_dict()) + "\n")
         if self._emit_hook is not None:
@@ -344,6 +347,26 @@ class JobMaster:
         self._decided("job_finished")
 
     # ----- agent calls -----------------------------------------------------------------
+
+    def assign_node(self, message: AssignNode) -> NodeAssigned:
+        """A host's launcher (``dlrover run`` without ``--node-rank``) asks for its node id:
+        the same ``key`` always gets the same id; a new key gets one past every id known
+        (registered nodes, ids handed out). Answered ``stop`` when the job is over or
+        ``rdzv_id`` names another job."""
+        with self._lock:
+            if message.rdzv_id and message.rdzv_id != self.job_id:
+                return NodeAssigned(node_id=-1, job_id=self.job_id, action=Action.STOP,
+                                    reason=f"the job master at this endpoint runs job {self.job_id!r}, not "
+                                           f"{message.rdzv_id!r}: give every host the same --rdzv-id")
+            if self.state.is_terminal:
+                return NodeAssigned(node_id=-1, job_id=self.job_id, action=Action.STOP,
+                                    reason=f"job {self.job_id} already ended {self.state.value}")
+            node_id = self._assigned.get(message.key)
+            if node_id is None:
+                known = max(max(self.nodes, default=-1), max(self._assigned.values(), default=-1))
+                node_id = self._assigned[message.key] = known + 1
+                log.info("node_assigned", node_id=node_id, key=message.key)
+            return NodeAssigned(node_id=node_id, job_id=self.job_id)
 
     def register(self, message: Register) -> Registered:
         """An agent starts for ``node_id``. It gets a new fencing token: from now on the
@@ -1065,6 +1088,7 @@ class JobMaster:
         self._gone_why[node.node_id] = f"lost ({why})"
         self.rdzv.leave(node.node_id)
         log.warning("node_lost", node_id=node.node_id, silent_s=round(silent_s, 1), reason=why)
+        self._event("node_lost", node_id=node.node_id, reason=why)
         rnd = self.rdzv.latest
         member = rnd is not None and (node.node_id in rnd or (self.live is not None and self.live.has_node(node.node_id)))
         if rnd is not None and member and rnd.index >= self.required_round:
@@ -1115,7 +1139,7 @@ class JobMaster:
             now = self._clock()
             if self._held is not None and now > self._held[1]:
                 self._release_held()
-            timeout = self.job.failure.heartbeat_timeout_s
+            timeout = self.job.heartbeat_timeout_s
             for node in list(self.nodes.values()):
                 silent = now - node.last_heartbeat
                 if not node.gone and silent > timeout:

@@ -7,7 +7,8 @@ Two files in the run's log directory:
   survive takes effect: a round formed (with its store's port), a restart ordered, a node
   relaunched or excluded, a step committed, the job finished. The answer that carries a
   decision to an agent, and a relaunch through the scheduler, only happen after the write.
-  The master also writes one every half second for soft state (progress, metrics, goodput).
+  The master also writes one for soft state (progress, metrics, goodput) every half second,
+  or every ``nodes / 500`` seconds in a job of more than 250 nodes (``soft_state_journal_s``).
 * ``master_journal.log`` — one JSON line per change of a single node since that snapshot
   (registered with its pid, told its place in a round, succeeded, exited). A line costs one
   ``write``; a snapshot of 10,000 nodes costs tens of milliseconds, too much for each of

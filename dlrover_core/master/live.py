@@ -51,7 +51,7 @@ class LiveWorld:
         round_index: the round.
         members: the round's worker slots in rank order (generation 0).
         store_host, store_port: the round's TCPStore.
-        set_key: sets a key in the round's store (the grow flag).
+        set_key: sets a key in the round's store (the grow flag, the abort flag).
         clock: the master's clock (seconds).
         straggler_timeout_s: how long a forming generation waits for a member that neither
             asked nor is known dead.
@@ -81,6 +81,7 @@ class LiveWorld:
         self.arrived: dict[Slot, LiveReform] = {}
         self.forming_since: float | None = None
         self._grow_flagged = -1  # the generation whose grow key is set
+        self._aborted = -1  # the generation whose abort key is set
         self.closed = ""  # why the live world ended (the round restarts every worker)
         self.transitions: list[Transition] = []
         self._placed: dict[Slot, tuple[int, LiveAssignment]] = {}  # slot -> (pid, its newest assignment)
@@ -115,7 +116,17 @@ class LiveWorld:
         self._try_form()
 
     def node_died(self, node_id: int) -> None:
-        """Every worker of ``node_id`` died with it (the node was lost or its agent exited)."""
+        """Every worker of ``node_id`` died with it (the node was lost or its agent exited).
+
+        Its workers may be alive but cut off (a network partition): the survivors' collectives
+        would then wait for them until the collective timeout, as no connection reset comes.
+        So the running generation's abort key is set: each node's first worker watches it
+        and shuts down its group's connections (``process_group.sever_group``), and the
+        survivors re-form at once."""
+        if any(m[0] == node_id for m in self.survivors()) and self._aborted < self.generation:
+            self._aborted = self.generation
+            self._set_key(self.abort_key(self.generation))
+            log.info("live_abort_requested", round=self.round, generation=self.generation, node_id=node_id)
         for slot in [m for m in self.members if m[0] == node_id] + [a for a in self.arrived if a[0] == node_id]:
             if slot in self.members:
                 self.dead[slot] = None
@@ -181,6 +192,11 @@ class LiveWorld:
     @staticmethod
     def grow_key(generation: int) -> str:
         return f"live/grow/{generation}"
+
+    @staticmethod
+    def abort_key(generation: int) -> str:
+        """Set when generation ``generation`` must end at once (a member node was lost)."""
+        return f"live/abort/{generation}"
 
     def _assignment(self, slot: Slot) -> LiveAssignment:
         return LiveAssignment(

@@ -57,7 +57,7 @@ import uvicorn
 from dlrover_core.errors import ProtocolError
 from dlrover_core.logging import get_logger
 from dlrover_core.master.job_master import JobMaster
-from dlrover_core.protocol.client import POLL_HOLD_MAX_S
+from dlrover_core.protocol.client import KEEPALIVE_EXPIRY_S, POLL_HOLD_MAX_S
 from dlrover_core.protocol.codec import decode, encode
 from dlrover_core.protocol.messages import ENDPOINTS, Action, Endpoint, Poll, PollState, RoundAssignment
 
@@ -65,10 +65,11 @@ __all__ = ["MasterServer"]
 
 log = get_logger()
 
-#: Seconds an idle keep-alive connection stays open. Longer than httpx's 5 s keep-alive
-#: expiry, so that the client, not the server, closes an idle connection: a server-side
-#: close racing a reused connection would cost the client a failed request and a retry.
-_KEEP_ALIVE_S = 20
+#: Seconds an idle keep-alive connection stays open. Longer than the client's keep-alive
+#: expiry (``KEEPALIVE_EXPIRY_S``), so that the client, not the server, closes an idle
+#: connection: a server-side close racing a reused connection would cost the client a
+#: failed request and a retry.
+_KEEP_ALIVE_S = int(KEEPALIVE_EXPIRY_S) + 15
 #: Pending connections the kernel queues before accepting (capped by ``net.core.somaxconn``):
 #: thousands of agents connect at once when a job starts.
 _BACKLOG = 4096
@@ -112,17 +113,22 @@ class MasterServer:
         master: the job master whose methods the endpoints call.
         host: address to listen on (an IPv6 address when it contains ``:``).
         port: TCP port; 0 picks a free one, then found in :attr:`port`.
+        sock: a socket bound and listening already (``host`` and ``port`` are then unused):
+            ``dlrover run`` binds the rendezvous endpoint before it starts the master.
 
     The socket is bound and listening when the constructor returns, so clients may connect
     before :meth:`start`; they are served once it runs.
     """
 
-    def __init__(self, master: JobMaster, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, master: JobMaster, host: str = "127.0.0.1", port: int = 0, *,
+                 sock: socket.socket | None = None) -> None:
         self.master = master
         #: endpoint name -> the JobMaster method of that name (it takes the request message)
         self._routes: dict[str, Callable[..., Any]] = {name: getattr(master, name) for name in ENDPOINTS}
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._socket = socket.create_server((host, port), family=family, backlog=_BACKLOG)
+        if sock is None:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            sock = socket.create_server((host, port), family=family, backlog=_BACKLOG)
+        self._socket = sock
         self.port: int = self._socket.getsockname()[1]
         for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
             logging.getLogger(name).setLevel(logging.WARNING)
@@ -139,6 +145,7 @@ class MasterServer:
         self._held: set[asyncio.Future[None]] = set()
         self._seen: tuple[Any, ...] = ()
         self._watching = False
+        self._agreeing: set[asyncio.Future[None]] = set()  # held restore calls (_agree)
 
     def _serve(self) -> None:
         try:
@@ -169,8 +176,9 @@ class MasterServer:
             log.exception("master_request_failed", endpoint=name)
             return 500, {"error": f"/v1/{name} failed: {type(exc).__name__}: {exc}"}
 
-    def _handle(self, name: str, payload: Any) -> tuple[int, Any] | Poll:
-        """Decode the body and answer it; a poll that may be held is returned as the message."""
+    def _handle(self, name: str, payload: Any) -> tuple[int, Any] | Any:
+        """Decode the body and answer it; a long poll (``Endpoint.held``: a poll, a restore
+        call) that may be held is returned as the message instead."""
         try:
             message = self._decode(name, payload)
         except ProtocolError as exc:
@@ -178,7 +186,7 @@ class MasterServer:
         fenced = _FENCED.get(name)
         if fenced is not None and self.master.fenced(message.node_id, message.token):
             return 200, fenced
-        if name == "poll":
+        if ENDPOINTS[name].held:
             return message
         return self._call(name, message)
 
@@ -206,7 +214,12 @@ class MasterServer:
                 except ValueError:  # a body that is not JSON counts as empty
                     payload = {}
             handled = self._handle(name, payload)
-            status, answer = await self._poll(handled) if isinstance(handled, Poll) else handled
+            if isinstance(handled, tuple):
+                status, answer = handled
+            elif isinstance(handled, Poll):
+                status, answer = await self._poll(handled)
+            else:
+                status, answer = await self._agree(name, handled)
             self._wake_if_changed()
         data = json.dumps(encode(answer)).encode()
         await send({"type": "http.response.start", "status": status,
@@ -230,7 +243,7 @@ class MasterServer:
         master busy answering "waiting" while it needs to accept and join the late ones."""
         loop = asyncio.get_running_loop()
         self._loop = loop
-        deadline = loop.time() + min(POLL_HOLD_MAX_S, self.master.job.failure.heartbeat_interval_s)
+        deadline = loop.time() + min(POLL_HOLD_MAX_S, self.master.job.heartbeat_interval_s)
         while True:
             before = self._signature()
             status, answer = self._call("poll", message)
@@ -254,8 +267,45 @@ class MasterServer:
                 timer.cancel()
                 self._held.discard(woken)
 
+    async def _agree(self, name: str, message: Any) -> tuple[int, Any]:
+        """Answer a rank's ``restore_plan`` or ``restore_verify``; hold a ``waiting`` answer
+        (not every rank of the round has reported) until another rank's call settles the
+        agreement, the master's state changes or :data:`POLL_HOLD_MAX_S` passed, then ask
+        again. A long poll: the ranks waiting for the last one cost two requests each, not
+        one every few milliseconds while they wait (the last rank may be seconds behind,
+        e.g. still importing or reading its shard)."""
+        loop = asyncio.get_running_loop()
+        self._loop = loop
+        deadline = loop.time() + POLL_HOLD_MAX_S
+        while True:
+            status, answer = self._call(name, message)
+            remaining = deadline - loop.time()
+            waiting = status == 200 and getattr(answer, "state", None) == "waiting"
+            if not waiting:
+                if status == 200 and self._agreeing:
+                    self._wake_agreeing()  # settled (or moved on): the held ranks ask again
+                return status, answer
+            if remaining <= _WATCH_S or self._server.should_exit:  # (uvloop's clock and timers tick in ms:
+                return status, answer                             # a hold of under one would spin)
+            if not self._held and not self._agreeing:
+                self._seen = self._signature()  # a job that ends (or restarts) releases them
+            woken = loop.create_future()
+            self._agreeing.add(woken)
+            timer = loop.call_later(remaining, _release, woken)
+            try:
+                await woken
+            finally:
+                timer.cancel()
+                self._agreeing.discard(woken)
+
+    def _wake_agreeing(self) -> None:
+        """Release every held restore call (they ask the master again)."""
+        held, self._agreeing = self._agreeing, set()
+        for woken in held:
+            _release(woken)
+
     def _wake_if_changed(self) -> None:
-        if self._held and self._signature() != self._seen:
+        if (self._held or self._agreeing) and self._signature() != self._seen:
             self._wake()
 
     def _wake(self) -> None:
@@ -264,6 +314,7 @@ class MasterServer:
         held, self._held = self._held, set()
         for woken in held:
             _release(woken)
+        self._wake_agreeing()
 
     def _watch(self) -> None:
         """While polls are held, notice changes made outside requests (the master's ticks)."""

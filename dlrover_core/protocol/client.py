@@ -27,7 +27,9 @@ from dlrover_core.errors import DLRoverError, MasterUnavailableError, TransientE
 from dlrover_core.logging import get_logger
 from dlrover_core.protocol.codec import decode, encode
 from dlrover_core.protocol.messages import (
+    ENDPOINTS,
     ActionAnswer,
+    AssignNode,
     Cancel,
     CheckpointErrorReport,
     Exited,
@@ -38,6 +40,7 @@ from dlrover_core.protocol.messages import (
     Joined,
     LiveAssignment,
     LiveReform,
+    NodeAssigned,
     NodeCheckReport,
     Poll,
     Register,
@@ -60,9 +63,16 @@ __all__ = ["MasterClient", "fetch_master_status"]
 log = get_logger()
 
 #: The longest the master holds an answer to ``poll`` while the round is still forming
-#: (seconds; ``MasterServer`` holds it for ``Failure.heartbeat_interval_s`` at most this).
-#: A poll's timeout is the client's timeout plus this.
+#: (seconds; ``MasterServer`` holds it for ``JobSpec.heartbeat_interval_s`` at most this),
+#: and to ``restore_plan`` / ``restore_verify`` while other ranks have not reported. The
+#: timeout of these long polls (``Endpoint.held``) is the client's timeout plus this.
 POLL_HOLD_MAX_S = 3.0
+#: Seconds an idle keep-alive connection to the master is reused (httpx's default: 5 s).
+#: Longer than the heartbeat interval of any job up to 100,000 nodes (``max(0.5, nodes /
+#: 2000)`` s, :func:`dlrover_core.spec.auto_heartbeat`): with 5 s, every heartbeat of a
+#: 10,000-node job opened a new connection. The server keeps them open longer still.
+KEEPALIVE_EXPIRY_S = 60.0
+_LIMITS = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=KEEPALIVE_EXPIRY_S)
 
 A = TypeVar("A")
 
@@ -72,8 +82,8 @@ class MasterClient:
 
     Args:
         addr: ``host:port`` of the master.
-        timeout_s: per-request timeout (seconds); a ``poll``, which the master may hold,
-            gets :data:`POLL_HOLD_MAX_S` more.
+        timeout_s: per-request timeout (seconds); a long poll (``poll``, ``restore_plan``,
+            ``restore_verify``), which the master may hold, gets :data:`POLL_HOLD_MAX_S` more.
         retrying: factory of the retry policy (default
             :func:`dlrover_core.retry.master_retrying`: it outlasts a master restart).
         addr_file: a file holding the master's current ``host:port``, re-read when a request
@@ -96,7 +106,7 @@ class MasterClient:
         self.addr = addr
         self._timeout_s = timeout_s
         # plain http: verify=False skips loading the CA bundle (about 80 ms per client)
-        self._http = httpx.Client(base_url=f"http://{addr}", timeout=timeout_s, verify=False)
+        self._http = httpx.Client(base_url=f"http://{addr}", timeout=timeout_s, verify=False, limits=_LIMITS)
         self._poll_timeout = httpx.Timeout(timeout_s + POLL_HOLD_MAX_S)
         self._retrying = retrying
         file = os.environ.get(env.MASTER_ADDR_FILE, "") if addr_file is None else addr_file
@@ -104,6 +114,10 @@ class MasterClient:
         self._swap = threading.Lock()
 
     # ----- one method per endpoint ----------------------------------------------------------
+
+    def assign_node(self, message: AssignNode) -> NodeAssigned:
+        """Which node a host's launcher is (idempotent per ``key``)."""
+        return self._exchange("assign_node", message, NodeAssigned)
 
     def register(self, message: Register) -> Registered:
         """An agent starts for its node; the answer holds its fencing token."""
@@ -189,8 +203,8 @@ class MasterClient:
         try:
             if body is None:
                 response = http.get(f"/v1/{name}")
-            elif name == "poll":
-                response = http.post("/v1/poll", json=body, timeout=self._poll_timeout)
+            elif ENDPOINTS[name].held:  # a long poll (poll, restore_plan, restore_verify)
+                response = http.post(f"/v1/{name}", json=body, timeout=self._poll_timeout)
             else:
                 response = http.post(f"/v1/{name}", json=body)
         except httpx.TransportError:
@@ -214,7 +228,8 @@ class MasterClient:
         with self._swap:
             if not addr or addr == self.addr:
                 return False
-            old, self._http = self._http, httpx.Client(base_url=f"http://{addr}", timeout=self._timeout_s, verify=False)
+            old, self._http = self._http, httpx.Client(base_url=f"http://{addr}", timeout=self._timeout_s, verify=False,
+                                                       limits=_LIMITS)
             log.info("master_address_changed", old=self.addr, new=addr)
             self.addr = addr
         old.close()  # a request still in flight on it fails and is retried on the new one

@@ -20,12 +20,18 @@ class JobEvent:
         job_id: the job run's id.
         time_s: seconds since the job master started.
         data: JSON-safe details (rank, exit_code, step...).
+        unix_time_s: when it happened, as seconds since the Unix epoch (``time.time()`` on the
+            master's host; ``None`` when unknown), to line events up with other hosts' logs.
     """
 
     kind: str
     job_id: str
     time_s: float
     data: dict[str, Any] = attrs.field(factory=dict)
+    unix_time_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "job_id": self.job_id, "time_s": round(self.time_s, 3), **self.data}
+        out = {"kind": self.kind, "job_id": self.job_id, "time_s": round(self.time_s, 3), **self.data}
+        if self.unix_time_s is not None:
+            out["unix_time_s"] = round(self.unix_time_s, 3)
+        return out

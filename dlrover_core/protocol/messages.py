@@ -10,7 +10,9 @@ Calls an agent makes for its node carry ``node_id`` and ``token`` (the fencing t
 answers a call from a replaced agent with ``fenced`` true and ``action`` ``stop``, and
 changes nothing (see :mod:`dlrover_core.master.server`).
 
-Endpoints (request → answer; the sender in each class's docstring): ``register``
+Endpoints (request → answer; the sender in each class's docstring): ``assign_node``
+(:class:`AssignNode` → :class:`NodeAssigned`: a host's id when ``dlrover run`` runs on each
+host), ``register``
 (:class:`Register` → :class:`Registered`), ``join`` (:class:`Join` → :class:`Joined`),
 ``poll`` (:class:`Poll` → :class:`RoundAssignment`), ``heartbeat`` (:class:`Heartbeat` →
 :class:`HeartbeatAnswer`), ``failure`` (:class:`FailureReport`), ``succeeded``
@@ -44,6 +46,7 @@ __all__ = [
     "ENDPOINTS",
     "Action",
     "ActionAnswer",
+    "AssignNode",
     "Cancel",
     "CheckpointErrorReport",
     "Endpoint",
@@ -56,6 +59,7 @@ __all__ = [
     "LiveAssignment",
     "LiveReform",
     "NodeCheckReport",
+    "NodeAssigned",
     "NodeCheckResult",
     "NodeRelaunch",
     "Poll",
@@ -151,6 +155,39 @@ class ActionAnswer:
 
 
 # ----- register, join, poll ---------------------------------------------------------------------
+
+
+@attrs.frozen(kw_only=True)
+class AssignNode:
+    """A host's launcher asks which node it is (``dlrover run`` on each host without
+    ``--node-rank``; agent or launcher → master, ``/v1/assign_node``). Idempotent: the same
+    ``key`` always gets the same node id, so a retried call, an agent restarted by its host's
+    launcher and the launcher's own reports all name one node.
+
+    Attributes:
+        key: what identifies the host's launcher for the job's life (``host:pid``).
+        rdzv_id: the job id the launcher was started with (``--rdzv-id``); ``""``: any.
+    """
+
+    key: str
+    rdzv_id: str = ""
+
+
+@attrs.frozen(kw_only=True)
+class NodeAssigned:
+    """The answer to :class:`AssignNode`.
+
+    Attributes:
+        node_id: the node's id (ids given with ``--node-rank`` are never handed out).
+        job_id: the job's id (the run id every host's agent and workers use).
+        action: ``stop`` when the job is over (then ``node_id`` is -1).
+        reason: why ``stop`` (the job ended, or ``rdzv_id`` names another job).
+    """
+
+    node_id: int
+    job_id: str
+    action: Action = Action.NONE
+    reason: str = ""
 
 
 @attrs.frozen(kw_only=True)
@@ -578,7 +615,9 @@ class CheckpointErrorReport:
 @attrs.frozen(kw_only=True)
 class RestorePlanRequest:
     """What a rank holds in memory, to agree on a restore (worker → master,
-    ``/v1/restore_plan``; asked again while the answer is ``waiting``).
+    ``/v1/restore_plan``; a long poll: the master holds a ``waiting`` answer until the last
+    rank reported or :data:`~dlrover_core.protocol.client.POLL_HOLD_MAX_S` passed, and the
+    rank asks again while the answer is ``waiting``).
 
     Attributes:
         round: the rank's round.
@@ -618,7 +657,7 @@ class RestoreDecision:
 @attrs.frozen(kw_only=True)
 class RestoreVerify:
     """A rank checked its shard of the storage step it is about to load (worker → master,
-    ``/v1/restore_verify``).
+    ``/v1/restore_verify``; a long poll like :class:`RestorePlanRequest`).
 
     Attributes:
         round: the rank's round.
@@ -734,19 +773,24 @@ class Endpoint:
         answer: the class of the answer.
         fenced: calls carry ``node_id`` and ``token``, and a replaced agent's are answered
             with ``fenced`` and change nothing.
+        held: a long poll: the master may hold a ``waiting`` answer for up to
+            :data:`~dlrover_core.protocol.client.POLL_HOLD_MAX_S` (until what the caller
+            waits for happens), so the client's timeout for it is that much longer.
     """
 
     name: str
     request: type | None
     answer: type
     fenced: bool = False
+    held: bool = False
 
 
 #: Every endpoint of the master, by name.
 ENDPOINTS: dict[str, Endpoint] = {e.name: e for e in (
+    Endpoint(name="assign_node", request=AssignNode, answer=NodeAssigned),
     Endpoint(name="register", request=Register, answer=Registered),
     Endpoint(name="join", request=Join, answer=Joined, fenced=True),
-    Endpoint(name="poll", request=Poll, answer=RoundAssignment, fenced=True),
+    Endpoint(name="poll", request=Poll, answer=RoundAssignment, fenced=True, held=True),
     Endpoint(name="heartbeat", request=Heartbeat, answer=HeartbeatAnswer, fenced=True),
     Endpoint(name="failure", request=FailureReport, answer=ActionAnswer, fenced=True),
     Endpoint(name="succeeded", request=Succeeded, answer=ActionAnswer, fenced=True),
@@ -755,8 +799,8 @@ ENDPOINTS: dict[str, Endpoint] = {e.name: e for e in (
     Endpoint(name="cancel", request=Cancel, answer=ActionAnswer),
     Endpoint(name="checkpoint_shard", request=ShardReport, answer=ShardAnswer, fenced=True),
     Endpoint(name="checkpoint_error", request=CheckpointErrorReport, answer=ActionAnswer, fenced=True),
-    Endpoint(name="restore_plan", request=RestorePlanRequest, answer=RestoreDecision),
-    Endpoint(name="restore_verify", request=RestoreVerify, answer=RestoreVerifyAnswer),
+    Endpoint(name="restore_plan", request=RestorePlanRequest, answer=RestoreDecision, held=True),
+    Endpoint(name="restore_verify", request=RestoreVerify, answer=RestoreVerifyAnswer, held=True),
     Endpoint(name="live_reform", request=LiveReform, answer=LiveAssignment),
     Endpoint(name="status", request=None, answer=MasterStatus),
     Endpoint(name="result", request=None, answer=JobResult),

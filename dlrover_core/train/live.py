@@ -73,6 +73,10 @@ _JOIN_TIMEOUT_S = 5.0
 _MAX_REFORM_TRIES = 10
 #: How often rank 0's watcher asks the store whether a replacement waits to join (seconds).
 _WATCH_S = 0.05
+#: The abort flag is checked every this many watch ticks by a node's first worker (rank 0:
+#: every tick): one store request per node per 0.2 s.
+_ABORT_EVERY = 4
+
 #: Substrings of the errors gloo and NCCL raise when a peer died or the group was aborted.
 _COLLECTIVE_ERRORS = ("gloo", "nccl", "connection", "closed by peer", "reset by peer", "broken pipe",
                       "timed out", "aborted", "process group", "processgroup", "socket")
@@ -291,8 +295,9 @@ class _Loop:
         if not dist.is_initialized():
             return False
         flag = 0
-        if self.rank == 0:
+        if self.rank == 0 or self._local_rank == 0:
             self._watch.start()
+        if self.rank == 0:
             flag = int(self._watch.seen == self.grow_key)
         if self.world_size == 1:
             return bool(flag)
@@ -357,9 +362,11 @@ class _Loop:
         # a failed init counted one, and a replacement's first group is "0", so the members
         # would wait for each other under different names; no group exists here, start at 0
         dist.distributed_c10d._world.group_count = 0
+        before = process_group.socket_inodes()
         dist.init_process_group(backend=process_group.backend(), store=dist.PrefixStore(answer.prefix, store),
                                 rank=answer.rank, world_size=answer.world_size,
                                 timeout=datetime.timedelta(seconds=_JOIN_TIMEOUT_S))
+        process_group.note_group_sockets(before)
         dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=process_group.collective_timeout_s()))
         self.rank, self.world_size, self.generation = answer.rank, answer.world_size, answer.generation
         self.grow_key = answer.grow_key
@@ -390,12 +397,16 @@ class _Loop:
 
 
 class _GrowWatch:
-    """Rank 0's watch on the grow flag, on a thread and a store connection of its own, so the
-    training thread pays nothing per step but the boundary all-reduce."""
+    """A watch on the round's store, on a thread and a store connection of its own, so the
+    training thread pays nothing per step but the boundary all-reduce: rank 0 looks for the
+    grow flag (a replacement waits to join), and each node's first worker for the abort flag
+    of its generation (a member node was lost, maybe cut off: :func:`process_group.sever_group`
+    makes the collectives waiting on it fail now instead of at the collective timeout)."""
 
     def __init__(self, loop: _Loop) -> None:
         self._loop = loop
         self.seen = ""  # the newest grow key found set
+        self._severed = -1  # the generation whose connections were shut down
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -417,13 +428,20 @@ class _GrowWatch:
         except Exception as exc:  # the round's store is gone: the next collective fails anyway
             log.debug("live_grow_watch_failed", error=str(exc))
             return
+        ticks = 0
         while not self._stop.wait(_WATCH_S):
-            key = self._loop.grow_key
-            if self._loop.rank != 0 or key == self.seen:
-                continue
+            ticks += 1
+            loop = self._loop
             try:
-                if store.check([key]):
-                    self.seen = key
+                if loop.rank == 0 and loop.grow_key != self.seen and store.check([loop.grow_key]):
+                    self.seen = loop.grow_key
+                generation = loop.generation
+                if (self._severed < generation and (loop.rank == 0 or ticks % _ABORT_EVERY == 0)
+                        and store.check([f"live/abort/{generation}"])):
+                    self._severed = generation
+                    severed = process_group.sever_group()
+                    log.warning("live_group_severed", rank=loop.rank, generation=generation, connections=severed,
+                                reason="the job master lost a member node of this generation")
             except Exception:  # the store went away (the round ended)
                 return
 

@@ -6,6 +6,7 @@ import datetime
 import faulthandler
 import os
 import signal
+import socket
 import threading
 import time
 from typing import Any
@@ -91,10 +92,12 @@ def init(*, timeout_s: float | None = None) -> WorkerInfo:
             store = round_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
         else:
             store = dist.HashStore()
+        before = socket_inodes()
         dist.init_process_group(
             backend=accelerator.dist_backend, store=store, rank=info.rank,
             world_size=info.world_size, timeout=timeout,
         )
+        note_group_sockets(before)
     watch = os.environ.get(env.WATCH_PID)
     if watch:
         _watch_parent(int(watch))
@@ -105,6 +108,62 @@ def init(*, timeout_s: float | None = None) -> WorkerInfo:
     log.debug("worker_initialised", rank=info.rank, world_size=info.world_size, backend=accelerator.dist_backend)
     _info = info
     return info
+
+
+#: The sockets the current process group opened (fd -> ``socket:[inode]``): its peer
+#: connections, which :func:`sever_group` shuts down.
+_group_sockets: dict[int, str] = {}
+
+
+def socket_inodes() -> dict[int, str]:
+    """This process's open sockets: fd -> ``socket:[inode]`` (Linux ``/proc``; empty elsewhere)."""
+    out: dict[int, str] = {}
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return out
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            out[int(fd)] = target
+    return out
+
+
+def note_group_sockets(before: dict[int, str]) -> None:
+    """Remember the sockets a process group just opened (those not open ``before`` its init)."""
+    global _group_sockets
+    _group_sockets = {fd: inode for fd, inode in socket_inodes().items() if before.get(fd) != inode}
+
+
+def sever_group() -> int:
+    """Shut down the current process group's peer connections (from any thread); returns
+    how many. A collective blocked on a peer that went silent (its host cut off: no
+    connection reset ever comes, and ``ProcessGroup.abort()`` does not wake gloo) then fails
+    at once, so the live world re-forms without it; the peers of this worker see their
+    connections close and fail too. Only the sockets the group opened are touched (the
+    store's and the master's connections, and the script's own, stay)."""
+    severed = 0
+    now = socket_inodes()
+    for fd, inode in _group_sockets.items():
+        if now.get(fd) != inode:  # closed meanwhile (the fd number may be another socket now)
+            continue
+        try:
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                continue  # the group's listener: gloo aborts the process when its accept() fails
+            sock.shutdown(socket.SHUT_RDWR)
+            severed += 1
+        except OSError:
+            pass
+        finally:
+            sock.close()
+    return severed
 
 
 def round_store(host: str, port: int) -> Any:

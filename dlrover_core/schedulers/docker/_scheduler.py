@@ -425,9 +425,9 @@ class DockerScheduler(SchedulerBackend):
         if master is not None and master.status == "running":
             grace_s = 30  # the master drains agents for stop_grace_s + 3 heartbeats + 5 s at most
             try:
-                failure = json.loads(_env_of(master)[env.JOB_SPEC])["failure"]
-                grace_s = int(failure["stop_grace_s"] + 3 * failure["heartbeat_interval_s"] + 15)
-            except (KeyError, ValueError, TypeError):
+                spec = JobSpec.from_dict(json.loads(_env_of(master)[env.JOB_SPEC]))
+                grace_s = int(spec.failure.stop_grace_s + 3 * spec.heartbeat_interval_s + 15)
+            except (KeyError, ValueError, TypeError):  # (JobSpecError is a ValueError)
                 pass
             call(lambda: master.stop(timeout=grace_s), f"stop {master.name}")
         self._remove_all(handle, save_logs=True)

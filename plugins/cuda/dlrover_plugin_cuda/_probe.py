@@ -39,7 +39,7 @@ from typing import Any
 
 import attrs
 
-from dlrover_core.backend import run_tool, try_import
+from dlrover_core.backend import cpu_only_torch, run_tool, try_import
 
 __all__ = [
     "BASE_FIELDS",
@@ -403,7 +403,12 @@ class TorchCuda:
 
 def torch_cuda() -> TorchCuda:
     """Ask torch about CUDA without creating a CUDA context (``is_available`` and
-    ``device_count`` only). Never raises."""
+    ``device_count`` only). Never raises. A CPU build of torch (``+cpu``) has no CUDA: known
+    without importing it (:func:`~dlrover_core.backend.cpu_only_torch`).
+    """
+    cpu_build = cpu_only_torch()
+    if cpu_build is not None:
+        return TorchCuda(version=cpu_build)
     torch, reason = try_import("torch")
     if torch is None:
         return TorchCuda(version=None, error=reason)

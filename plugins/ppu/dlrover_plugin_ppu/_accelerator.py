@@ -31,6 +31,7 @@ from dlrover_core.backend import (
     Accelerator,
     DeviceReport,
     NodeCheckResult,
+    cpu_only_torch,
     get_logger,
     run_tool,
     try_import,
@@ -293,7 +294,11 @@ class PpuAccelerator(Accelerator):
 
     @staticmethod
     def _ask_torch() -> _TorchView:
-        """What torch.cuda shows this process: availability, count, names, memory of device 0."""
+        """What torch.cuda shows this process: availability, count, names, memory of device 0
+        (a CPU build of torch shows none, known without importing it)."""
+        cpu_build = cpu_only_torch()
+        if cpu_build is not None:
+            return _TorchView(reason=f"torch.cuda is not available (torch {cpu_build})")
         torch, reason = try_import("torch")
         if torch is None:
             return _TorchView(reason=reason)

@@ -132,8 +132,12 @@ def torch_cuda(monkeypatch):
     """
     import torch
 
+    from dlrover_plugin_ppu import _accelerator
+
     def configure(names: list[str] | None, *, memory_mb: int | None = None) -> None:
         available = names is not None
+        # a PPU build of torch: not the CPU wheel this machine has (whose metadata says so)
+        monkeypatch.setattr(_accelerator, "cpu_only_torch", lambda: None)
         names = list(names or [])
         monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: len(names))

@@ -7,7 +7,7 @@ import time
 import pytest
 from structlog.testing import capture_logs
 
-from dlrover_plugin_ppu import PpuAccelerator
+from dlrover_plugin_ppu import PpuAccelerator, _accelerator
 
 
 def probe(**settings):
@@ -276,6 +276,7 @@ def test_a_crashing_torch_cuda_becomes_a_reason(no_smi, monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", broken)
+    monkeypatch.setattr(_accelerator, "cpu_only_torch", lambda: None)  # a GPU build of torch
     report = probe()
     assert not report.present
     assert report.reason == "probe failed: RuntimeError: driver crashed"

@@ -1,0 +1,258 @@
+"""``dlrover run`` on each host (``dlrover_core.hostrun``): one agent per host, the job master
+where the rendezvous endpoint is, evidence of a dead agent from its host's launcher.
+
+Two "hosts" here are two ``dlrover run`` processes on this machine sharing one loopback
+endpoint (``tests/test_multihost.py`` runs them in separate network namespaces). Every
+process is real; agents are killed with real signals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from click.testing import CliRunner
+from helpers import SCRIPTS, job_processes, shm_entries
+
+from dlrover_core import JobState
+from dlrover_core.cli import main
+from dlrover_core.errors import JobSpecError
+from dlrover_core.hostrun import claim_endpoint, is_local_address, parse_endpoint
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ----- the endpoint ------------------------------------------------------------------------
+
+
+def test_endpoints_parse_as_torchrun_reads_them():
+    assert parse_endpoint("node0:29500") == ("node0", 29500)
+    assert parse_endpoint("node0") == ("node0", 29400)
+    assert parse_endpoint("[::1]:1234") == ("::1", 1234)
+    for bad in (":29400", "node0:http", "node0:70000", ""):
+        with pytest.raises(JobSpecError, match="--rdzv-endpoint"):
+            parse_endpoint(bad)
+
+
+def test_local_addresses_are_told_from_remote_ones():
+    assert is_local_address("127.0.0.1") and is_local_address("localhost")
+    assert not is_local_address("203.0.113.7")  # TEST-NET-3: never an address of this machine
+    assert not is_local_address("no-such-host.invalid")
+
+
+def test_only_one_launcher_claims_an_endpoint():
+    port = _free_port()
+    first = claim_endpoint("127.0.0.1", port)
+    try:
+        assert first is not None
+        assert claim_endpoint("127.0.0.1", port) is None  # taken: the second one's agent connects
+    finally:
+        first.close()
+    assert claim_endpoint("203.0.113.7", port) is None  # not this machine: never hosts
+
+
+# ----- flags -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nnodes", "2", "--rdzv-backend", "static"], "needs --node-rank"),
+    (["--nnodes", "1:2", "--rdzv-backend", "static", "--node-rank", "0"], "needs a fixed --nnodes"),
+    (["--nnodes", "2", "--rdzv-backend", "c10d"], "--rdzv-endpoint HOST[:PORT] is required"),
+    (["--standalone", "--nnodes", "2"], "--standalone runs one host"),
+    (["--rdzv-backend", "etcd-v2"], "--rdzv-backend 'etcd-v2' is not supported"),
+    (["--simulate-nodes", "2", "--nnodes", "2"], "--simulate-nodes runs every node on this machine"),
+    (["--rdzv-conf", "colour=red"], "unknown keys ['colour']"),
+])
+def test_inconsistent_flags_are_one_line_naming_the_flag(tmp_path, monkeypatch, argv, message):
+    monkeypatch.chdir(tmp_path)
+    Path("train.py").write_text("print('trained')\n")
+    result = CliRunner().invoke(main, ["run", *argv, "train.py"])
+    assert result.exit_code == 2, result.output
+    assert message in result.output, result.output
+    assert not (tmp_path / "dlrover-runs").exists()
+
+
+# ----- two hosts on loopback ---------------------------------------------------------------
+
+
+def _launch(tmp: Path, host: int, port: int, rdzv_id: str, *script: str, nnodes: str = "2") -> subprocess.Popen:
+    log = open(tmp / f"host{host}.log", "wb")
+    return subprocess.Popen(
+        [sys.executable, "-m", "dlrover_core.cli", "run", "--nnodes", nnodes, "--nproc-per-node", "1",
+         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", rdzv_id,
+         "--accelerator", "cpu", "--log-dir", str(tmp / "runs"), "--checkpoint-dir", str(tmp / "ck"),
+         "--max-restarts", "5", *script],
+        cwd=tmp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _agent_of(launcher: subprocess.Popen) -> psutil.Process:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for child in psutil.Process(launcher.pid).children():
+            if child.name() == "dlrover-agent":
+                return child
+        time.sleep(0.05)
+    raise AssertionError("no agent process under the launcher")
+
+
+def _events(tmp: Path, job_id: str) -> list[dict]:
+    path = tmp / "runs" / job_id / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _finish(procs: list[subprocess.Popen], tmp: Path, timeout_s: float = 120) -> list[int]:
+    codes = []
+    for i, proc in enumerate(procs):
+        try:
+            codes.append(proc.wait(timeout=timeout_s))
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"host {i} did not finish:\n" + (tmp / f"host{i}.log").read_text()[-3000:]) from None
+    return codes
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_killed_agent_is_reported_by_its_launcher_and_rejoins_live(tmp_path):
+    """Two hosts train with ``train.steps``; SIGKILL the agent of the host without the master:
+    its launcher tells the master within 0.5 s (no heartbeat timeout), the other host's worker
+    goes on (live), the restarted agent's worker joins with live state, and both hosts end
+    SUCCEEDED with equal parameters."""
+    port = _free_port()
+    out = tmp_path / "out"
+    script = [str(SCRIPTS / "live_train.py"), "--steps", "120", "--samples", "96", "--batch", "4",
+              "--step-sleep", "0.1", "--out", str(out)]
+    before_shm = shm_entries()
+    master_host = _launch(tmp_path, 0, port, "twohosts", *script)
+    time.sleep(0.5)  # the first launcher binds the endpoint (either order works; this one makes it known)
+    other_host = _launch(tmp_path, 1, port, "twohosts", *script)
+    procs = [master_host, other_host]
+    try:
+        def steps_done() -> int:
+            return sum(len(p.read_text().splitlines()) for p in out.glob("steps_*.jsonl")) if out.exists() else 0
+
+        deadline = time.monotonic() + 90
+        while steps_done() < 40:
+            assert time.monotonic() < deadline, (tmp_path / "host1.log").read_text()[-3000:]
+            assert all(p.poll() is None for p in procs), (tmp_path / "host0.log").read_text()[-3000:]
+            time.sleep(0.1)
+        agent = _agent_of(other_host)
+        killed_at = time.time()
+        agent.send_signal(signal.SIGKILL)
+        codes = _finish(procs, tmp_path)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    logs = [(tmp_path / f"host{i}.log").read_text() for i in range(2)]
+    assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    events = _events(tmp_path, "twohosts")
+    lost = [e for e in events if e["kind"] == "node_lost"]
+    assert lost, [e["kind"] for e in events]
+    assert f"pid {agent.pid}" in lost[0]["reason"]
+    assert "launcher" in lost[0]["reason"]
+    assert lost[0]["unix_time_s"] - killed_at <= 0.5, lost[0]["unix_time_s"] - killed_at
+    assert any(e["kind"] == "live_reformed" for e in events), [e["kind"] for e in events]
+    assert "agent_restarting" in logs[1]
+    result = json.loads((tmp_path / "runs" / "twohosts" / "result.json").read_text())
+    assert result["state"] == JobState.SUCCEEDED.value
+    finals = {json.loads(p.read_text())["params"] for p in out.glob("final_*.json")}
+    assert len(finals) == 1, finals
+    assert job_processes("twohosts") == []
+    assert {e for e in shm_entries() - before_shm if "twohosts" in e} == set()
+
+
+@pytest.mark.timeout(120)
+def test_a_host_with_another_rdzv_id_is_refused_with_both_ids(tmp_path):
+    port = _free_port()
+    (tmp_path / "wait.py").write_text("import time\ntime.sleep(60)\n")
+    first = _launch(tmp_path, 0, port, "job-a", "wait.py")
+    try:
+        time.sleep(0.5)
+        second = _launch(tmp_path, 1, port, "job-b", "wait.py")
+        assert second.wait(timeout=60) != 0
+        log = (tmp_path / "host1.log").read_text()
+        assert "runs job 'job-a', not 'job-b'" in log, log[-2000:]
+    finally:
+        os.killpg(first.pid, signal.SIGTERM)
+        first.wait(timeout=60)
+    assert job_processes("job-a") == []
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_a_frozen_host_is_left_out_and_rejoins_live_when_it_thaws(tmp_path):
+    """SIGSTOP every process of one host (its launcher, agent and worker: a host cut off, no
+    connection reset ever comes). After the heartbeat timeout the master drops it and makes
+    the survivor shut down its group's connections, so the survivor goes on alone at once
+    (not after gloo's collective timeout); after SIGCONT the same worker process rejoins
+    with the survivor's state. Every step is applied once with one update; both end equal."""
+    port = _free_port()
+    out = tmp_path / "out"
+    script = [str(SCRIPTS / "live_train.py"), "--steps", "150", "--samples", "96", "--batch", "4",
+              "--step-sleep", "0.1", "--out", str(out)]
+    conf = ["--rdzv-conf", "keep_alive_interval=0.5,keep_alive_max_attempt=8"]  # lost after 4 s of silence
+    procs = [_launch(tmp_path, 0, port, "frozen", *conf, *script)]
+    time.sleep(0.5)
+    procs.append(_launch(tmp_path, 1, port, "frozen", *conf, *script))
+
+    def records() -> list[dict]:
+        return [json.loads(line) for p in out.glob("steps_*.jsonl") for line in p.read_text().splitlines()]
+
+    try:
+        deadline = time.monotonic() + 90
+        while len(records()) < 40:
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+                (tmp_path / "host0.log").read_text()[-3000:]
+            time.sleep(0.1)
+        frozen = _tree(procs[1].pid)
+        worker_pids = {r["pid"] for r in records()}
+        for p in frozen:
+            p.suspend()
+        stopped_at = time.time()
+        deadline = time.monotonic() + 30
+        while not any(e["kind"] == "live_reformed" and e["world_size"] == 1 for e in _events(tmp_path, "frozen")):
+            assert time.monotonic() < deadline, [e["kind"] for e in _events(tmp_path, "frozen")]
+            time.sleep(0.1)
+        alone_at = time.time()
+        time.sleep(6)  # the survivor trains alone meanwhile
+        for p in frozen:
+            p.resume()
+        codes = _finish(procs, tmp_path)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGCONT)
+                os.killpg(p.pid, signal.SIGKILL)
+    logs = [(tmp_path / f"host{i}.log").read_text() for i in range(2)]
+    assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    assert alone_at - stopped_at < 4 + 6, "the survivor waited for more than the heartbeat timeout"
+    assert "live_group_severed" in logs[0]
+    events = _events(tmp_path, "frozen")
+    reforms = [e["world_size"] for e in events if e["kind"] == "live_reformed"]
+    assert reforms[:1] == [1] and 2 in reforms[1:], reforms  # alone, then both again
+    assert not any(e["kind"] == "workers_restarted" for e in events)
+    by_step: dict[int, set[str]] = {}
+    for r in records():
+        by_step.setdefault(r["step"], set()).add(r["params"])
+    assert sorted(by_step) == list(range(150)) and all(len(v) == 1 for v in by_step.values())
+    assert {r["pid"] for r in records()} == worker_pids, "the same two worker processes throughout"
+    finals = {json.loads(p.read_text())["params"] for p in out.glob("final_*.json")}
+    assert len(finals) == 1, finals
+    assert job_processes("frozen") == []

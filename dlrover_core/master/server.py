@@ -258,14 +258,7 @@ class MasterServer:
             if not self._watching:
                 self._watching = True
                 loop.call_later(_WATCH_S, self._watch)
-            woken = loop.create_future()
-            self._held.add(woken)
-            timer = loop.call_later(remaining, _release, woken)
-            try:
-                await woken
-            finally:
-                timer.cancel()
-                self._held.discard(woken)
+            await _hold(self._held, remaining)
 
     async def _agree(self, name: str, message: Any) -> tuple[int, Any]:
         """Answer a rank's ``restore_plan`` or ``restore_verify``; hold a ``waiting`` answer
@@ -289,14 +282,7 @@ class MasterServer:
                 return status, answer                             # a hold of under one would spin)
             if not self._held and not self._agreeing:
                 self._seen = self._signature()  # a job that ends (or restarts) releases them
-            woken = loop.create_future()
-            self._agreeing.add(woken)
-            timer = loop.call_later(remaining, _release, woken)
-            try:
-                await woken
-            finally:
-                timer.cancel()
-                self._agreeing.discard(woken)
+            await _hold(self._agreeing, remaining)
 
     def _wake_agreeing(self) -> None:
         """Release every held restore call (they ask the master again)."""
@@ -365,6 +351,19 @@ def _tune_gc() -> None:
     gc.freeze()
     young, middle, _ = gc.get_threshold()
     gc.set_threshold(young, middle, _FULL_GC_THRESHOLD)
+
+
+async def _hold(waiters: set[asyncio.Future[None]], timeout_s: float) -> None:
+    """Wait (in the event loop) until a future added to ``waiters`` is released by a wake-up
+    or ``timeout_s`` passed."""
+    woken = asyncio.get_running_loop().create_future()
+    waiters.add(woken)
+    timer = asyncio.get_running_loop().call_later(timeout_s, _release, woken)
+    try:
+        await woken
+    finally:
+        timer.cancel()
+        waiters.discard(woken)
 
 
 def _release(woken: asyncio.Future[None]) -> None:

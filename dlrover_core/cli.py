@@ -26,7 +26,7 @@ from dlrover_core.hostrun import HostPlan, parse_endpoint, run_host
 from dlrover_core.job import Job
 from dlrover_core.plugins import get_host
 from dlrover_core.runner import check_checkpoint_storage, find_job
-from dlrover_core.spec import Checkpoint, Failure, Nodes
+from dlrover_core.spec import Checkpoint, Failure, Nodes, auto_heartbeat
 from dlrover_core.validation import validate_job
 
 __all__ = ["main"]
@@ -296,7 +296,7 @@ def run(nnodes, nproc_per_node, rdzv_backend, rdzv_endpoint, rdzv_id, rdzv_conf,
         nodes = Nodes(min=nodes.min, max=nodes.max, node_unit=node_unit, nproc_per_node=nproc,
                       last_call_s=float(conf.get("last_call_timeout", nodes.last_call_s)),
                       join_timeout_s=float(conf.get("join_timeout", nodes.join_timeout_s)))
-        failure = _failure(max_restarts, monitor_interval, conf, shutdown_timeout)
+        failure = _failure(max_restarts, monitor_interval, conf, shutdown_timeout, nodes=nodes.max)
         job_env = {} if role == "default" else {"ROLE_NAME": role}
         job = Job(name=_job_name(run_id or (rdzv_id if rdzv_id != "none" else entrypoint)), entrypoint=entrypoint,
                   args=list(args), nodes=nodes, accelerator=accelerator, checkpoint=Checkpoint(dir=_local_path(checkpoint_dir)),
@@ -339,7 +339,7 @@ def _local_path(path: str) -> str:
 
 
 def _failure(max_restarts: int, monitor_interval: float | None, conf: dict[str, str],
-             shutdown_timeout: float | None) -> Failure:
+             shutdown_timeout: float | None, *, nodes: int) -> Failure:
     if max_restarts < 0:
         raise click.BadParameter("at least 0", param_hint="--max-restarts")
     fields: dict[str, Any] = {"max_restarts": max_restarts}
@@ -349,8 +349,9 @@ def _failure(max_restarts: int, monitor_interval: float | None, conf: dict[str, 
         fields["heartbeat_interval_s"] = interval_s
     attempts = conf.get("keep_alive_max_attempt")
     if attempts is not None:
-        base = interval_s if interval_s is not None else Failure().heartbeat_interval_s
-        fields["heartbeat_timeout_s"] = float(attempts) * float(base or 0.5)
+        # missed heartbeats of the interval in effect (the automatic one for the job's size)
+        base = interval_s if interval_s is not None else auto_heartbeat(nodes)[0]
+        fields["heartbeat_timeout_s"] = float(attempts) * float(base)
     elif interval_s is not None:
         fields["heartbeat_timeout_s"] = max(30.0, 10 * interval_s)
     if shutdown_timeout is None and os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"):  # as torchrun reads it

@@ -439,7 +439,25 @@ def processes_with_env(key: str, values: set[str]) -> list[psutil.Process]:
 # ----- the torchrun side ---------------------------------------------------------------------
 
 
-class TorchrunSide:
+class _PeerSide:
+    """What the torchrun and TorchFT sides share: their scripts write step records and each
+    rank's ``pid_rank<r>.json`` (its pid and restart count) into ``out_dir``."""
+
+    out_dir: Path
+
+    def records(self, rank: int = 0) -> list[dict[str, Any]]:
+        return torchrun_records(self.out_dir, rank)
+
+    def victim(self, rank: int) -> tuple[int, int] | None:
+        """``(pid, restart)`` of ``rank``'s current process (worker, replica group), or ``None``."""
+        try:
+            info = json.loads((self.out_dir / f"pid_rank{rank}.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return (int(info["pid"]), int(info["restart"])) if alive(int(info["pid"])) else None
+
+
+class TorchrunSide(_PeerSide):
     """One ``torchrun --standalone --nnodes 1 --nproc-per-node N`` run of
     ``_recovery_torchrun_train.py`` in ``work``, with hard limits.
 
@@ -480,16 +498,6 @@ class TorchrunSide:
         assert self.popen is not None
         return self.popen.pid
 
-    def records(self, rank: int = 0) -> list[dict[str, Any]]:
-        return torchrun_records(self.out_dir, rank)
-
-    def victim(self, rank: int) -> tuple[int, int] | None:
-        """``(pid, restart)`` of ``rank``'s current worker, or ``None``."""
-        try:
-            info = json.loads((self.out_dir / f"pid_rank{rank}.json").read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-        return (int(info["pid"]), int(info["restart"])) if alive(int(info["pid"])) else None
 
     def training_victim(self, rank: int) -> tuple[int, int] | None:
         """Like :meth:`victim`, but only once that worker's incarnation has completed a step
@@ -578,7 +586,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class TorchftSide:
+class TorchftSide(_PeerSide):
     """TorchFT, DDP across ``groups`` replica groups of one process each, in ``work``.
 
     Starts ``torchft_lighthouse`` (``TORCHFT_LIGHTHOUSE_ARGS``), hosts each group's
@@ -660,16 +668,6 @@ class TorchftSide:
         assert self.lighthouse is not None
         return self.lighthouse.pid
 
-    def records(self, rank: int = 0) -> list[dict[str, Any]]:
-        return torchrun_records(self.out_dir, rank)
-
-    def victim(self, rank: int) -> tuple[int, int] | None:
-        """``(pid, restart)`` of replica group ``rank``'s current process, or ``None``."""
-        try:
-            info = json.loads((self.out_dir / f"pid_rank{rank}.json").read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-        return (int(info["pid"]), int(info["restart"])) if alive(int(info["pid"])) else None
 
     def anchor(self) -> float | None:
         return next((r["t"] for r in self.records(0) if r.get("type") == "step" and r.get("committed")), None)

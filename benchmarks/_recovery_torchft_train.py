@@ -60,6 +60,7 @@ sys.path.insert(0, str(HERE.parent / "examples" / "charlm"))
 from _recovery_torchrun_train import (  # noqa: E402
     _Log,
     _write_atomic,
+    add_training_args,
     batch_ids,
     load_checkpoint,
     lr_factor,
@@ -75,18 +76,7 @@ def _parse(argv=None):
     p.add_argument("--num-replica-groups", type=int, default=2)
     p.add_argument("--store-port", type=int, required=True, help="this group's TCPStore (hosted by the supervisor)")
     p.add_argument("--lighthouse", default=None, help="default: $TORCHFT_LIGHTHOUSE")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--block-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--warmup-steps", type=int, default=20)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-bytes", type=int, default=4_000_000)
-    p.add_argument("--eval-every", type=int, default=100)
-    p.add_argument("--eval-batches", type=int, default=8)
-    p.add_argument("--ckpt-every", type=int, default=25)
-    p.add_argument("--ckpt-dir", required=True)
-    p.add_argument("--out-dir", required=True)
+    add_training_args(p)
     p.add_argument("--pg-timeout-s", type=float, default=5.0, help="ProcessGroupGloo timeout (train_ddp.py: 5 s)")
     p.add_argument("--transport-timeout-s", type=float, default=10.0, help="PGTransport timeout (train_ddp.py: 10 s)")
     p.add_argument("--manager-timeout-s", type=float, default=30.0, help="Manager timeout (train_ddp.py: 30 s)")

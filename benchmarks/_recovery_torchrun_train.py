@@ -55,8 +55,8 @@ RANK = int(os.environ.get("RANK", "0"))
 RESTART = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
-def _parse(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_training_args(p: argparse.ArgumentParser) -> None:
+    """The char LM's training settings, the same for every side of the benchmark."""
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--block-size", type=int, default=64)
@@ -66,9 +66,14 @@ def _parse(argv=None):
     p.add_argument("--max-bytes", type=int, default=4_000_000)
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--eval-batches", type=int, default=8)
-    p.add_argument("--ckpt-every", type=int, default=25, help="rank 0 saves when step %% K == 0 (and at the end)")
+    p.add_argument("--ckpt-every", type=int, default=25, help="save when step %% K == 0 (and at the end)")
     p.add_argument("--ckpt-dir", required=True)
     p.add_argument("--out-dir", required=True)
+
+
+def _parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_training_args(p)
     p.add_argument("--store", choices=("prefix", "plain"), default="prefix")
     p.add_argument("--pg-timeout-s", type=float, default=300.0,
                    help="process-group (collective) timeout; 0: torch's default (30 minutes for gloo)")

@@ -220,6 +220,19 @@ _JOB_IDS: set[str] = set()
 _TORCHRUNS: list[Any] = []
 
 
+
+def _inject_and_wait(side, schedule, victim, cfg) -> tuple[FaultInjector, int | None]:
+    """Run ``schedule``'s SIGKILLs against a peer side (torchrun, TorchFT) until it ends, stalls
+    150 s or times out; the side is killed in every case. Returns the injector and the exit code."""
+    inj = FaultInjector(schedule, anchor=side.anchor, victim=victim)
+    inj.start()
+    try:
+        code = side.wait(timeout_s=cfg["side_timeout_s"], stall_s=150.0)
+    finally:
+        inj.stop()
+        side.kill()
+    return inj, code
+
 def say(msg: str) -> None:
     console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {msg}")
 
@@ -426,13 +439,7 @@ def run_torchrun(cfg: dict, schedule: list[dict], work: Path, *, steps: int, tag
     _TORCHRUNS.append(side)
     load0 = os.getloadavg()[0]
     side.launch()
-    inj = FaultInjector(schedule, anchor=side.anchor, victim=side.training_victim if only_training else side.victim)
-    inj.start()
-    try:
-        code = side.wait(timeout_s=cfg["side_timeout_s"], stall_s=150.0)
-    finally:
-        inj.stop()
-        side.kill()
+    inj, code = _inject_and_wait(side, schedule, side.training_victim if only_training else side.victim, cfg)
     state = ("SUCCEEDED" if code == 0 else f"FAILED (exit code {code})" if code is not None
              else "HUNG (no step for 150 s)" if side.hung else "TIMED OUT")
     records = side.records(0)
@@ -496,13 +503,7 @@ def run_torchft(cfg: dict, schedule: list[dict], work: Path, *, steps: int, tag:
     except Exception as exc:
         side.kill()
         return {"side": "torchft", "state": "NOT RUN", "error": f"{type(exc).__name__}: {exc}", "config": config}
-    inj = FaultInjector(schedule, anchor=side.anchor, victim=side.victim)
-    inj.start()
-    try:
-        code = side.wait(timeout_s=cfg["side_timeout_s"], stall_s=150.0)
-    finally:
-        inj.stop()
-        side.kill()
+    inj, code = _inject_and_wait(side, schedule, side.victim, cfg)
     state = ("SUCCEEDED" if code == 0 else "FAILED (a replica group gave up)" if code is not None
              else "HUNG (no step for 150 s)" if side.hung else "TIMED OUT")
     by_group = {g: torchrun_records(side.out_dir, g) for g in range(side.groups)}

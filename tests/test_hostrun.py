@@ -201,8 +201,10 @@ def test_a_frozen_host_is_left_out_and_rejoins_live_when_it_thaws(tmp_path):
     """SIGSTOP every process of one host (its launcher, agent and worker: a host cut off, no
     connection reset ever comes). After the heartbeat timeout the master drops it and makes
     the survivor shut down its group's connections, so the survivor goes on alone at once
-    (not after gloo's collective timeout); after SIGCONT the same worker process rejoins
-    with the survivor's state. Every step is applied once with one update; both end equal."""
+    (not after gloo's collective timeout); after SIGCONT the host's worker rejoins with the
+    survivor's state: the same process when its collective fails, a replacement when gloo
+    left it blocked (it exits after ``live._STUCK_MIN_S``). Every step is applied once with
+    one update; both end equal."""
     port = _free_port()
     out = tmp_path / "out"
     script = [str(SCRIPTS / "live_train.py"), "--steps", "150", "--samples", "96", "--batch", "4",
@@ -224,8 +226,7 @@ def test_a_frozen_host_is_left_out_and_rejoins_live_when_it_thaws(tmp_path):
         frozen = _tree(procs[1].pid)
         worker_pids = {r["pid"] for r in records()}
         # freeze just after the host's worker recorded a step (between steps, where a cut
-        # usually finds a training loop). Frozen between a step's all-reduce and its record,
-        # a thawed worker was once seen not to rejoin (see the closing note of issue 14).
+        # usually finds a training loop)
         mine = next(p.pid for p in frozen if p.pid in worker_pids)
         seen = sum(1 for r in records() if r["pid"] == mine)
         while sum(1 for r in records() if r["pid"] == mine) == seen:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
@@ -146,6 +147,57 @@ def test_goodput_counts_each_kept_step_once():
         g.add({"type": "step", "step": s, "dt": 1.0})
     assert g.productive_s == 8.0 and g.recomputed_s == 2.0
     assert g.checkpoint_stall_s == 0.5 and g.restore_s == 0.25 and g.last_committed_step == 3
+
+
+def test_goodput_orders_rank0_records_by_live_generation():
+    """Rank 0 moves to another node when the live world re-forms; that node's agent may forward
+    the new generation's records before the old node's last ones. A late record of an older
+    generation is productive unless the newer generation trained its step again."""
+    g = GoodputTracker()
+    for s in range(28):  # generation 0, rank 0 on node 0 (the one killed after step 27)
+        g.add({"type": "step", "step": s, "dt": 1.0})
+    g.add({"type": "step", "step": 31, "dt": 1.0, "gen": 2})  # the replacement, rank 0 again
+    for s in (28, 29, 30):  # the survivor's generation-1 records, forwarded later
+        g.add({"type": "step", "step": s, "dt": 1.0, "gen": 1})
+    assert g.recomputed_s == 0 and g.productive_s == 32.0
+
+    redo = GoodputTracker()  # the survivor's step 27 failed and was trained again at generation 1
+    for s in range(28):
+        redo.add({"type": "step", "step": s, "dt": 1.0})
+    redo.add({"type": "step", "step": 27, "dt": 2.0, "gen": 1})
+    assert redo.recomputed_s == 1.0 and redo.productive_s == 29.0
+    late = GoodputTracker()  # the same, with generation 0's record of step 27 arriving last
+    for s in range(27):
+        late.add({"type": "step", "step": s, "dt": 1.0})
+    late.add({"type": "step", "step": 27, "dt": 2.0, "gen": 1})
+    late.add({"type": "step", "step": 27, "dt": 1.0})
+    assert late.recomputed_s == 1.0 and late.productive_s == 29.0
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_goodput_is_independent_of_how_nodes_interleave(seed):
+    """Seeded: each generation's records come in order (one agent forwards them), the
+    generations interleave at random. Productive and recomputed time do not change."""
+    rng = random.Random(seed)
+    generations, step = [], 0
+    for gen in range(rng.randint(2, 5)):
+        n = rng.randint(1, 6)
+        redo = rng.random() < 0.5 and step > 0  # the step in flight failed and is trained again
+        first = step - 1 if redo else step
+        generations.append([{"type": "step", "step": s, "dt": rng.choice((0.5, 1.0, 2.0)), "gen": gen}
+                            for s in range(first, first + n)])
+        step = first + n
+    in_order = GoodputTracker()
+    for records in generations:
+        for r in records:
+            in_order.add(r)
+    queues = [list(records) for records in generations]
+    shuffled = GoodputTracker()
+    while any(queues):
+        shuffled.add(rng.choice([q for q in queues if q]).pop(0))
+    assert shuffled.productive_s == pytest.approx(in_order.productive_s)
+    assert shuffled.recomputed_s == pytest.approx(in_order.recomputed_s)
+    assert len(in_order._pending) == step
 
 
 def test_signal_names():

@@ -23,6 +23,10 @@ from typing import Any
 
 __all__ = ["GoodputTracker"]
 
+#: How many of the newest counted steps are remembered to tell a late record from a step
+#: trained twice (late records come a heartbeat or two after the newer generation's).
+_COUNTED_KEPT = 4096
+
 PHASES = ("detection_s", "restart_s", "rendezvous_s", "startup_s", "reform_s")
 
 
@@ -43,6 +47,8 @@ class GoodputTracker:
         self._rendezvous_begin: float | None = None
         self._round_complete: float | None = None
         self._restore_in_round = 0.0
+        self._generation = 0  # the newest live generation rank 0's step records came from
+        self._counted: dict[int, tuple[int, float]] = {}  # newest counted steps -> (generation, dt)
 
     @property
     def productive_s(self) -> float:
@@ -54,14 +60,26 @@ class GoodputTracker:
         """Steps after ``step`` were lost: their time becomes recomputed time."""
         for s in [s for s in self._pending if s > step]:
             self.recomputed_s += self._pending.pop(s)
+            self._counted.pop(s, None)
+
+    def _count(self, step: int, dt: float, generation: int) -> None:
+        self._pending[step] = dt
+        self._counted[step] = (generation, dt)
+        if len(self._counted) > _COUNTED_KEPT:
+            del self._counted[next(iter(self._counted))]
 
     def add(self, record: dict[str, Any], now: float | None = None) -> None:
         kind = record.get("type")
         if kind == "step":
             step, dt = int(record["step"]), float(record["dt"])
+            generation = int(record.get("gen", 0))
+            if generation < self._generation:
+                self._add_late(step, dt, generation)
+                return
+            self._generation = generation
             if step <= self.last_step:
                 self._discard_after(step - 1)
-            self._pending[step] = dt
+            self._count(step, dt, generation)
             self.last_step = step
             if now is not None:
                 self.last_progress_t = now
@@ -85,6 +103,32 @@ class GoodputTracker:
             step = int(record["step"])
             self._discard_after(step)
             self.last_step = step
+            self._generation = 0
+
+    def _add_late(self, step: int, dt: float, generation: int) -> None:
+        """A step record of an older live generation, arriving after the newer one's: rank 0
+        moved to another node when the world re-formed, and that node's agent forwarded its
+        records first. The survivors built on the step unless a newer generation trained it
+        again (then the older generation's time was lost)."""
+        counted = self._counted.get(step)
+        if counted is None:
+            if self.last_committed_step is not None and step <= self.last_committed_step:
+                self._committed_s += dt  # committed before its record came
+                self._counted[step] = (generation, dt)
+            else:
+                self._count(step, dt, generation)
+            return
+        kept_generation, kept_dt = counted
+        if generation <= kept_generation:
+            self.recomputed_s += dt
+            return
+        # an older generation's record of this step came first: the newer one is kept
+        self.recomputed_s += kept_dt
+        self._counted[step] = (generation, dt)
+        if step in self._pending:
+            self._pending[step] = dt
+        else:
+            self._committed_s += dt - kept_dt
 
     # ----- lifecycle marks (master clock) --------------------------------------------------
 
@@ -111,6 +155,7 @@ class GoodputTracker:
         self._rendezvous_begin = None
         self._round_complete = now
         self._restore_in_round = 0.0
+        self._generation = 0
 
     # ----- the timeline --------------------------------------------------------------------------
 
@@ -130,7 +175,8 @@ class GoodputTracker:
         return {"pending": {str(k): v for k, v in self._pending.items()}, "committed_s": self._committed_s,
                 "recomputed_s": self.recomputed_s, "checkpoint_stall_s": self.checkpoint_stall_s,
                 "restore_s": self.restore_s, "last_step": self.last_step,
-                "last_committed_step": self.last_committed_step, "phases": dict(self.phases)}
+                "last_committed_step": self.last_committed_step, "phases": dict(self.phases),
+                "generation": self._generation}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> GoodputTracker:
@@ -140,4 +186,5 @@ class GoodputTracker:
         g.recomputed_s, g.checkpoint_stall_s, g.restore_s = data["recomputed_s"], data["checkpoint_stall_s"], data["restore_s"]
         g.last_step, g.last_committed_step = data["last_step"], data["last_committed_step"]
         g.phases.update(data["phases"])  # (a journal from before reform_s lacks it: 0)
+        g._generation = int(data.get("generation", 0))
         return g

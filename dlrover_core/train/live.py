@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -73,6 +74,18 @@ _JOIN_TIMEOUT_S = 5.0
 _MAX_REFORM_TRIES = 10
 #: How often rank 0's watcher asks the store whether a replacement waits to join (seconds).
 _WATCH_S = 0.05
+#: A training thread still in the same step or boundary this long after its group was
+#: severed is stuck (seconds; or 3 of its last step's time when longer): see
+#: ``_GrowWatch._check_stuck``.
+_STUCK_MIN_S = 2.0
+#: The exit code of a worker that left a stuck collective this way (EX_TEMPFAIL, sysexits.h).
+EXIT_STUCK = 75
+
+
+def _stuck_after_s() -> float:
+    return max(_STUCK_MIN_S, 3 * get_writer().last_dt)
+
+
 #: The abort flag is checked every this many watch ticks by a node's first worker (rank 0:
 #: every tick): one store request per node per 0.2 s.
 _ABORT_EVERY = 4
@@ -163,6 +176,9 @@ class _Loop:
         self.grow_key = "live/grow/0"
         self._positions: dict[str, Any] = {}
         self._in_flight: int | None = None
+        #: where the training thread is ("boundary", "step", "between", "recover"), and how
+        #: many times it moved: the watch tells a thread stuck in a severed collective by it
+        self.phase, self.phase_seq = "start", 0
         self._failed = False  # the step in flight failed (the exception itself is not kept: its frames hold the old DDP)
         self._failed_why = ""
         self._client: Any = None
@@ -183,6 +199,7 @@ class _Loop:
                 self._start()
             while self.next_step < self.total:
                 if self.live and self.world_size > 0:
+                    self._enter("boundary")
                     try:
                         grow = self._boundary()
                     except Exception as exc:
@@ -200,7 +217,9 @@ class _Loop:
                 step = Step(self.next_step, self)
                 self._positions = _positions(self.state)
                 self._in_flight, self._failed = int(step), False
+                self._enter("step")
                 yield step
+                self._enter("between")
                 if self._failed:  # the guard caught a peer's death: re-form now that the step's frames are gone
                     self._recover("error", self._failed_why)
                     continue  # next_step was set by the sync
@@ -214,6 +233,9 @@ class _Loop:
                 hook.remove()
             if self._client is not None:
                 self._client.close()
+
+    def _enter(self, phase: str) -> None:
+        self.phase, self.phase_seq = phase, self.phase_seq + 1
 
     def _on_optimizer_step(self, *_: Any) -> None:
         if self._in_flight is not None:
@@ -313,6 +335,7 @@ class _Loop:
 
         t0 = time.monotonic()
         tries = 0
+        self._enter("recover")
         while True:
             _abort_group()
             if error:
@@ -338,7 +361,7 @@ class _Loop:
             if hasattr(obj, "set_world"):
                 obj.set_world(self.rank, self.world_size)
         writer = get_writer()
-        writer.rank = self.rank
+        writer.rank, writer.generation = self.rank, self.generation
         writer.write({"type": "live", "rank": self.rank, "reason": reason, "generation": self.generation,
                       "world_size": self.world_size, "step": self.next_step,
                       "reform_s": round(time.monotonic() - t0, 6), "t": time.time()})
@@ -407,6 +430,7 @@ class _GrowWatch:
         self._loop = loop
         self.seen = ""  # the newest grow key found set
         self._severed = -1  # the generation whose connections were shut down
+        self._still = (0, 0.0)  # (the training thread's phase_seq, since when) after the sever
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -442,8 +466,30 @@ class _GrowWatch:
                     severed = process_group.sever_group()
                     log.warning("live_group_severed", rank=loop.rank, generation=generation, connections=severed,
                                 reason="the job master lost a member node of this generation")
+                    self._still = (loop.phase_seq, time.monotonic())
+                if self._severed == generation:
+                    self._check_stuck(loop)
             except Exception:  # the store went away (the round ended)
                 return
+
+    def _check_stuck(self, loop: _Loop) -> None:
+        """After the group was severed, a collective fails at once, so a training thread that
+        stays in one step or boundary past :func:`_stuck_after_s` is blocked where gloo does
+        not wake it (its peer's connection had already closed when it began waiting: a host
+        that thawed after it was left out). It cannot rejoin from there: the process exits,
+        and its agent replaces it with a worker that joins live."""
+        if loop.phase_seq != self._still[0] or loop.phase not in ("step", "boundary"):
+            self._still = (loop.phase_seq, time.monotonic())
+            return
+        waited = time.monotonic() - self._still[1]
+        if waited < _stuck_after_s():
+            return
+        log.error("live_worker_stuck", rank=loop.rank, generation=loop.generation, phase=loop.phase,
+                  step=loop._in_flight, waited_s=round(waited, 2),
+                  action=f"exiting with code {EXIT_STUCK}: the agent replaces this worker, which rejoins live")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_STUCK)
 
 
 def steps(total: int, state: dict[str, Any], *, start: int = 0) -> Iterator[Step]:

@@ -43,6 +43,8 @@ class ProgressWriter:
     def __init__(self, path: str | None) -> None:
         #: the rank this process holds now (the live world changes it)
         self.rank = int(os.environ.get("RANK", "0"))
+        #: the live world's generation this process trains in (0: the round's own group)
+        self.generation = 0
         self.path = path
         self._file = open(path, "a", buffering=1) if path else None  # line-buffered
         self._lock = threading.Lock()
@@ -68,6 +70,8 @@ class ProgressWriter:
     last_step = -1
     #: steps this process reported (0: an exception now is raised before its first step)
     steps_reported = 0
+    #: the last reported step's time (seconds; 0 before the first)
+    last_dt = 0.0
 
     def step(self, step: int, metrics: dict[str, Any]) -> float:
         if self.restored_step is not None and int(step) <= self.restored_step:
@@ -80,9 +84,13 @@ class ProgressWriter:
         now = time.monotonic()
         dt = now - self._mark
         self._mark = now
+        self.last_dt = dt
         clean = {k: _to_float(k, v) for k, v in metrics.items()}
-        self.write({"type": "step", "step": int(step), "rank": self.rank, "dt": round(dt, 6), "t": time.time(),
-                    "metrics": {k: (v if math.isfinite(v) else str(v)) for k, v in clean.items()}})
+        record = {"type": "step", "step": int(step), "rank": self.rank, "dt": round(dt, 6), "t": time.time(),
+                  "metrics": {k: (v if math.isfinite(v) else str(v)) for k, v in clean.items()}}
+        if self.generation:  # the master orders records of ranks on different nodes by it
+            record["gen"] = self.generation
+        self.write(record)
         return dt
 
 

@@ -1,0 +1,71 @@
+"""The live world's watch thread: when a training thread that its group was severed under
+counts as stuck (unit level; the end-to-end cut and thaw is tests/test_hostrun.py)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from dlrover_core.train import live
+
+
+class Exited(Exception):
+    pass
+
+
+@pytest.fixture
+def exits(monkeypatch):
+    codes: list[int] = []
+
+    def fake_exit(code: int) -> None:
+        codes.append(code)
+        raise Exited
+
+    monkeypatch.setattr(live.os, "_exit", fake_exit)
+    monkeypatch.setattr(live, "_stuck_after_s", lambda: 0.2)
+    return codes
+
+
+def loop(phase: str, seq: int) -> SimpleNamespace:
+    return SimpleNamespace(phase=phase, phase_seq=seq, rank=1, generation=0, _in_flight=7)
+
+
+def watch_after_sever(state: SimpleNamespace) -> live._GrowWatch:
+    watch = live._GrowWatch(state)  # type: ignore[arg-type]
+    watch._severed, watch._still = 0, (state.phase_seq, time.monotonic())
+    return watch
+
+
+@pytest.mark.parametrize("phase", ["step", "boundary"])
+def test_a_thread_that_stays_in_a_collective_after_the_sever_exits_for_a_replacement(exits, phase):
+    state = loop(phase, 5)
+    watch = watch_after_sever(state)
+    watch._check_stuck(state)
+    assert exits == []  # not yet: a collective fails at once after the sever, give it the time
+    time.sleep(0.25)
+    with pytest.raises(Exited):
+        watch._check_stuck(state)
+    assert exits == [live.EXIT_STUCK]
+
+
+def test_a_thread_that_moves_on_or_recovers_is_left_alone(exits):
+    state = loop("step", 5)
+    watch = watch_after_sever(state)
+    for phase in ("between", "recover", "boundary", "step"):  # it failed, re-formed, trains again
+        time.sleep(0.15)
+        state.phase, state.phase_seq = phase, state.phase_seq + 1
+        watch._check_stuck(state)
+    state.phase = "recover"  # asking the master for a long time is no collective
+    time.sleep(0.25)
+    watch._check_stuck(state)
+    watch._check_stuck(state)
+    assert exits == []
+
+
+def test_the_grace_is_three_steps_when_steps_are_long(monkeypatch):
+    monkeypatch.setattr(live.get_writer(), "last_dt", 4.0)
+    assert live._stuck_after_s() == 12.0
+    monkeypatch.setattr(live.get_writer(), "last_dt", 0.1)
+    assert live._stuck_after_s() == live._STUCK_MIN_S

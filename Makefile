@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PLUGINS := $(patsubst %/pyproject.toml,%,$(wildcard plugins/*/pyproject.toml))
 STAMP := $(VENV)/.dlrover-setup
 
-.PHONY: setup demo test bench lint clean
+.PHONY: setup demo test bench bench-tables lint clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,12 @@ lint: setup
 
 bench: setup
 	$(PY) benchmarks/checkpoint.py --quick
+
+# README's benchmark tables from benchmarks/results/*.json, then one PNG per series into docs/
+# (the plots need matplotlib: pip install -e '.[bench]'); `benchmarks/tables.py --check` tests the tables
+bench-tables: setup
+	$(PY) benchmarks/tables.py
+	$(PY) benchmarks/tables.py --plots
 
 clean:
 	rm -rf $(VENV) dlrover-runs results .pytest_cache

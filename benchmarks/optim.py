@@ -36,10 +36,30 @@ Both use weight decay 0 (so the update rules alone are compared), betas (0.9, 0.
 linear warmup over the first 5% of steps, then a constant rate. AGD's delta is 1e-14 on the
 transformer (the authors' advice for transformer-like models) and its default 1e-5 on the MLP.
 
+Each optimizer runs its fastest documented implementation, every option explicit:
+
+* AdamW (``torch.optim.AdamW``, eps 1e-8, amsgrad off): torch's default on CPU is the
+  per-tensor loop (it picks ``foreach`` only for CUDA tensors), so both of its documented fast
+  paths are tried, ``foreach=True`` and ``fused=True`` (fused kernels exist on CPU since torch
+  2.4). Before tuning, per task, both are timed on identical models in alternating blocks
+  (median ``optimizer.step()``), and the faster one is used for everything after (tuning,
+  evaluation, timing). Both compute the same update; the JSON records the candidates' times
+  and the choice (``tasks.<task>.adamw_implementation``).
+* AGD (the plugin's ``AGD``): ``foreach=True`` (torch's ``_foreach_*`` kernels for the whole
+  group; an op torch has no foreach kernel for falls back to a per-tensor loop, and the JSON
+  lists any that did), ``weight_decouple=True``, ``fixed_decay=False``, ``amsgrad=False``,
+  ``win=False``, ``clip=None`` (the reference implementation's defaults).
+
+The exact keyword arguments each optimizer was built with are in the JSON
+(``config.optimizers`` and ``tasks.<task>.optimizer_kwargs``).
+
 ``--quick`` (under 5 minutes on 2 cores): 3 grid points instead of 7 and 400 steps instead of
-1500 / 1000; the same seeds. It prints that it is quick. Nothing here is a pass/fail test.
-JSON: ``ratios`` (``agd_steps_to_target_vs_adamw``, ``agd_step_time_vs_adamw``, ...), ``goals``,
-the config, grids, tuning results and every seed's numbers.
+1500 / 1000; the same seeds. It prints that it is quick. The full protocol needs at least
+5 evaluation seeds (``--seeds``). Nothing here is a pass/fail test.
+JSON: ``command`` (the command line that produced it), ``ratios``
+(``agd_steps_to_target_vs_adamw``, ``agd_step_time_vs_adamw``, ...), ``goals``, the config,
+grids, tuning results, every seed's numbers, and per task the median and min-max over seeds
+of best validation loss and steps to the target (``summary``) and of step times (``timing``).
 """
 
 from __future__ import annotations
@@ -49,6 +69,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -66,6 +87,7 @@ sys.path.insert(0, str(HERE.parent / "examples" / "charlm"))
 from data import WindowSampler, load_corpus, val_batches  # noqa: E402
 from model import CharLM, loss_fn  # noqa: E402
 
+import dlrover_plugin_optim_agd  # noqa: E402
 from dlrover_plugin_optim_agd import AGD  # noqa: E402
 
 #: ratio key -> goal text
@@ -80,6 +102,19 @@ OVERRUN = 2.0
 
 FULL = {"grid_k": [-3, -2, -1, 0, 1, 2, 3], "steps": {"charlm": 1500, "digits": 1000}}
 QUICK = {"grid_k": [-2, 0, 2], "steps": {"charlm": 400, "digits": 400}}
+
+#: Full protocol: at least this many evaluation seeds.
+MIN_FULL_SEEDS = 5
+
+#: Options both optimizers share (the update rules alone are compared).
+COMMON_OPTIONS: dict[str, Any] = {"betas": (0.9, 0.999), "weight_decay": 0.0}
+#: AdamW's documented fast paths (its CPU default is the per-tensor loop); the faster is used.
+ADAMW_IMPLEMENTATIONS: dict[str, dict[str, Any]] = {"foreach": {"foreach": True}, "fused": {"fused": True}}
+#: AdamW's options besides the implementation (torch's defaults, made explicit).
+ADAMW_OPTIONS: dict[str, Any] = {"eps": 1e-8, "amsgrad": False}
+#: AGD's options besides ``delta`` (per task): foreach kernels, the reference's defaults.
+AGD_OPTIONS: dict[str, Any] = {"weight_decouple": True, "fixed_decay": False, "amsgrad": False, "win": False,
+                               "clip": None, "foreach": True}
 
 TASKS: dict[str, dict[str, Any]] = {
     "charlm": {"adamw_centre": 2e-3, "agd_delta": 1e-14, "batch": 16, "eval_every": {"quick": 20, "full": 50}},
@@ -157,13 +192,43 @@ class DigitsTask:
 # ----- training ------------------------------------------------------------------------------------
 
 
-def make_optimizer(name: str, params: Any, lr: float, task: str) -> torch.optim.Optimizer:
+def optimizer_kwargs(name: str, task: str, adamw_impl: str) -> dict[str, Any]:
+    """The keyword arguments (all but ``lr``) ``name`` is built with on ``task``; for AdamW,
+    ``adamw_impl`` is a key of :data:`ADAMW_IMPLEMENTATIONS`."""
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), weight_decay=0.0)
-    return AGD(params, lr=lr, betas=(0.9, 0.999), delta=TASKS[task]["agd_delta"], weight_decay=0.0)
+        return {**COMMON_OPTIONS, **ADAMW_OPTIONS, **ADAMW_IMPLEMENTATIONS[adamw_impl]}
+    return {**COMMON_OPTIONS, "delta": TASKS[task]["agd_delta"], **AGD_OPTIONS}
 
 
-def train_run(task: Any, opt_name: str, lr: float, seed: int, steps: int, eval_every: int, *,
+def make_optimizer(name: str, params: Any, lr: float, task: str, adamw_impl: str) -> torch.optim.Optimizer:
+    kwargs = optimizer_kwargs(name, task, adamw_impl)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, **kwargs)
+    return AGD(params, lr=lr, **kwargs)
+
+
+def adamw_available() -> dict[str, str | None]:
+    """Each AdamW implementation -> None if it builds and steps here, else the error."""
+    out: dict[str, str | None] = {}
+    for impl in ADAMW_IMPLEMENTATIONS:
+        try:
+            layer = torch.nn.Linear(4, 4)
+            opt = make_optimizer("adamw", layer.parameters(), 1e-3, "digits", impl)
+            layer(torch.randn(2, 4)).sum().backward()
+            opt.step()
+            out[impl] = None
+        except Exception as exc:  # e.g. fused kernels missing for this device or build
+            out[impl] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def agd_foreach_fallbacks() -> list[str]:
+    """Ops AGD ran per tensor because torch had no foreach kernel for them (logged once each)."""
+    ops = getattr(sys.modules.get(AGD.__module__), "_Ops", None)
+    return sorted(getattr(ops, "_logged", ()))
+
+
+def train_run(task: Any, opt_name: str, lr: float, seed: int, steps: int, eval_every: int, *, adamw_impl: str,
               target: float | None = None, overrun: float = 1.0) -> dict[str, Any]:
     """Train ``steps`` steps; validation loss every ``eval_every`` steps (and at ``steps``).
 
@@ -175,7 +240,7 @@ def train_run(task: Any, opt_name: str, lr: float, seed: int, steps: int, eval_e
     "diverged": bool, "step_ms": median training-step time in ms}``.
     """
     model = task.model(seed)
-    opt = make_optimizer(opt_name, model.parameters(), lr, task.name)
+    opt = make_optimizer(opt_name, model.parameters(), lr, task.name, adamw_impl)
     warmup = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
     batches = task.batches(seed)
@@ -210,17 +275,20 @@ def steps_to(evals: list[list[float]], target: float) -> float:
     return next((s for s, v in evals if v <= target), math.inf)
 
 
-def time_steps(task: Any, lrs: dict[str, float], rounds: int, block: int) -> dict[str, dict[str, float]]:
-    """Median full-step and optimizer-step times (ms), both optimizers on identical models,
-    alternating blocks of ``block`` steps for ``rounds`` rounds (order flipped each round)."""
+def time_steps(task: Any, configs: dict[str, tuple[str, float, str]], rounds: int,
+               block: int) -> dict[str, dict[str, Any]]:
+    """Median (and min-max) full-step and optimizer-step times (ms) of each of ``configs``
+    (label -> ``(optimizer, lr, adamw_impl)``) on identical models, alternating blocks of
+    ``block`` steps for ``rounds`` rounds (the order reversed every other round)."""
     setups = {}
-    for name in ("adamw", "agd"):
+    for label, (name, lr, impl) in configs.items():
         model = task.model(0)
-        setups[name] = (model, make_optimizer(name, model.parameters(), lrs[name], task.name), task.batches(0))
-    full: dict[str, list[float]] = {"adamw": [], "agd": []}
-    opt_only: dict[str, list[float]] = {"adamw": [], "agd": []}
+        setups[label] = (model, make_optimizer(name, model.parameters(), lr, task.name, impl), task.batches(0))
+    full: dict[str, list[float]] = {label: [] for label in configs}
+    opt_only: dict[str, list[float]] = {label: [] for label in configs}
+    order = list(configs)
     for r in range(rounds + 1):
-        for name in ("adamw", "agd") if r % 2 == 0 else ("agd", "adamw"):
+        for name in order if r % 2 == 0 else order[::-1]:
             model, opt, batches = setups[name]
             for _ in range(block):
                 batch = next(batches)
@@ -233,8 +301,32 @@ def time_steps(task: Any, lrs: dict[str, float], rounds: int, block: int) -> dic
                 if r > 0:  # round 0 warms up (lazy state, allocator)
                     full[name].append(t2 - t0)
                     opt_only[name].append(t2 - t1)
-    return {name: {"step_ms": round(1e3 * statistics.median(full[name]), 4),
-                   "optimizer_step_ms": round(1e3 * statistics.median(opt_only[name]), 4)} for name in full}
+    def ms(x: float) -> float:
+        return round(1e3 * x, 4)
+
+    return {name: {"step_ms": ms(statistics.median(full[name])),
+                   "step_ms_min_max": [ms(min(full[name])), ms(max(full[name]))],
+                   "optimizer_step_ms": ms(statistics.median(opt_only[name])),
+                   "optimizer_step_ms_min_max": [ms(min(opt_only[name])), ms(max(opt_only[name]))],
+                   "samples": len(full[name])} for name in full}
+
+
+def choose_adamw(task: Any, available: dict[str, str | None], block: int) -> dict[str, Any]:
+    """Time the AdamW implementations that work here on ``task`` (median ``optimizer.step()``,
+    alternating blocks) and pick the faster; ties go to ``foreach``."""
+    usable = [impl for impl, err in available.items() if err is None]
+    lr = TASKS[task.name]["adamw_centre"]
+    timing = (time_steps(task, {impl: ("adamw", lr, impl) for impl in usable}, rounds=4, block=block)
+              if len(usable) > 1 else {})
+    chosen = min(usable, key=lambda impl: (timing[impl]["optimizer_step_ms"] if timing else 0.0, impl != "foreach"))
+    return {"chosen": chosen, "kwargs": ADAMW_IMPLEMENTATIONS[chosen], "candidates": timing,
+            "unavailable": {impl: err for impl, err in available.items() if err is not None},
+            "criterion": "median optimizer.step() time, alternating blocks on identical models (4 rounds)"}
+
+
+def _spread(values: list[float]) -> dict[str, float | None]:
+    """Median and min-max of ``values`` (inf: not reached; shown as None)."""
+    return {"median": _r(_median(values)), "min": _r(min(values)), "max": _r(max(values))}
 
 
 _BIG = 1e12  # stands for inf (a target never reached) inside quantiles, which interpolate
@@ -259,9 +351,15 @@ def _r(x: float, nd: int = 4) -> float | None:
     return round(x, nd) if math.isfinite(x) else None
 
 
-def run_task(task: Any, mode: dict[str, Any], seeds: list[int], console: Console) -> dict[str, Any]:
+def run_task(task: Any, mode: dict[str, Any], seeds: list[int], console: Console,
+             available: dict[str, str | None]) -> dict[str, Any]:
     cfg = TASKS[task.name]
     steps, eval_every = mode["steps"][task.name], cfg["eval_every"][mode["name"]]
+    block = 20 if task.name == "charlm" else 100
+    adamw_choice = choose_adamw(task, available, block)
+    impl = adamw_choice["chosen"]
+    console.log(f"{task.name}: AdamW {impl} (" + ", ".join(
+        f"{k} {v['optimizer_step_ms']:.3f} ms" for k, v in adamw_choice["candidates"].items()) + " per optimizer step)")
     centre = cfg["adamw_centre"]
     grids = {"adamw": [centre * 2.0**k for k in mode["grid_k"]], "agd": [centre / 10 * 2.0**k for k in mode["grid_k"]]}
     tuning: dict[str, list[dict[str, Any]]] = {}
@@ -270,7 +368,7 @@ def run_task(task: Any, mode: dict[str, Any], seeds: list[int], console: Console
     for name, grid in grids.items():
         tuning[name] = []
         for lr in grid:
-            res = train_run(task, name, lr, 0, steps, eval_every)
+            res = train_run(task, name, lr, 0, steps, eval_every, adamw_impl=impl)
             tuning[name].append({"lr": lr, "best_val": _r(res["best"]), "best_step": res["best_step"],
                                  "diverged": res["diverged"]})
             console.log(f"{task.name} tune {name} lr={lr:.3g}: best val {res['best']:.4f} at step {res['best_step']}")
@@ -278,9 +376,10 @@ def run_task(task: Any, mode: dict[str, Any], seeds: list[int], console: Console
         chosen[name], edge[name] = grid[i], i in (0, len(grid) - 1)
     per_seed = []
     for seed in seeds:
-        runs = {"adamw": train_run(task, "adamw", chosen["adamw"], seed, steps, eval_every)}
+        runs = {"adamw": train_run(task, "adamw", chosen["adamw"], seed, steps, eval_every, adamw_impl=impl)}
         target = runs["adamw"]["best"]
-        runs["agd"] = train_run(task, "agd", chosen["agd"], seed, steps, eval_every, target=target, overrun=OVERRUN)
+        runs["agd"] = train_run(task, "agd", chosen["agd"], seed, steps, eval_every, adamw_impl=impl, target=target,
+                                overrun=OVERRUN)
         adamw_steps, agd_steps = runs["adamw"]["best_step"], steps_to(runs["agd"]["evals"], target)
         per_seed.append({
             "seed": seed, "target_val": _r(target), "adamw_steps": adamw_steps,
@@ -294,10 +393,20 @@ def run_task(task: Any, mode: dict[str, Any], seeds: list[int], console: Console
                     f"{agd_steps if math.isfinite(agd_steps) else 'never'} (best {runs['agd']['best']:.4f})")
     ratios = [s["ratio"] if s["ratio"] is not None else math.inf for s in per_seed]
     med, lo, hi = bootstrap_median(ratios)
-    timing = time_steps(task, chosen, rounds=6, block=20 if task.name == "charlm" else 100)
+    timing = time_steps(task, {name: (name, chosen[name], impl) for name in ("adamw", "agd")}, rounds=6, block=block)
+    summary = {name: {"best_val": _spread([s[f"{name}_best_val"] if s[f"{name}_best_val"] is not None else math.inf
+                                           for s in per_seed]),
+                      "steps_to_target": _spread([s[f"{name}_steps"] if s[f"{name}_steps"] is not None else math.inf
+                                                  for s in per_seed])}
+               for name in ("adamw", "agd")}
+    summary["agd_vs_adamw_steps_ratio"] = _spread(ratios)
     return {
         "steps": steps, "eval_every": eval_every, "agd_delta": cfg["agd_delta"], "batch": cfg["batch"],
+        "adamw_implementation": adamw_choice,
+        "optimizer_kwargs": {name: _jsonable(optimizer_kwargs(name, task.name, impl)) for name in ("adamw", "agd")},
+        "agd_foreach_fallback_ops": agd_foreach_fallbacks(),
         "grids": grids, "tuning": tuning, "chosen_lr": chosen, "chosen_at_grid_edge": edge, "per_seed": per_seed,
+        "summary": summary,
         "steps_ratio": {"median": _r(med), "ci95": [_r(lo), _r(hi)],
                         "not_reached": sum(1 for s in per_seed if s["agd_steps"] is None),
                         "reached_after_budget": sum(1 for s in per_seed if (s["agd_steps"] or 0) > steps)},
@@ -306,6 +415,10 @@ def run_task(task: Any, mode: dict[str, Any], seeds: list[int], console: Console
         "optimizer_step_time_ratio": _r(timing["agd"]["optimizer_step_ms"] / timing["adamw"]["optimizer_step_ms"]),
         "_ratios_raw": ratios,
     }
+
+
+def _jsonable(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in kwargs.items()}
 
 
 # ----- report ---------------------------------------------------------------------------------------
@@ -335,7 +448,7 @@ def print_table(doc: dict[str, Any], console: Console) -> None:
             steps_f = [x if x is not None else math.inf for x in steps]
             med_steps = _median(steps_f)
             table.add_row(
-                name, "AdamW" if opt == "adamw" else "AGD",
+                name, f"AdamW ({t['adamw_implementation']['chosen']})" if opt == "adamw" else "AGD (foreach)",
                 f"{grid[0]:.2g}..{grid[-1]:.2g}", f"{t['chosen_lr'][opt]:.3g}" + (" (edge)" if t["chosen_at_grid_edge"][opt] else ""),
                 f"{statistics.median(v for v in best_vals if v is not None):.4f}",
                 "never" if math.isinf(med_steps) else f"{med_steps:.0f}",
@@ -358,6 +471,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     p.add_argument("--tasks", default="charlm,digits", help="comma-separated subset of: charlm, digits")
     a = p.parse_args(argv)
+    if not a.quick and a.seeds < MIN_FULL_SEEDS:
+        p.error(f"the full protocol needs --seeds >= {MIN_FULL_SEEDS} (got {a.seeds}); use --quick for fewer")
+    argv_used = list(argv if argv is not None else sys.argv[1:])
     console = Console(width=max(150, Console().width))
     torch.set_num_threads(a.threads)
     mode = {"name": "quick" if a.quick else "full", **(QUICK if a.quick else FULL)}
@@ -369,6 +485,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"steps {steps} (full: {full_steps}), {len(seeds)} seeds: indicative numbers only.")
     t_start = time.perf_counter()
     load_before = os.getloadavg()
+    available = adamw_available()
+    if all(err is not None for err in available.values()):
+        console.print(f"[red]no AdamW implementation works here[/red]: {available}")
+        return 1
     tasks: dict[str, Any] = {}
     raw: list[float] = []
     for name in a.tasks.split(","):
@@ -383,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
             task = CharLMTask()
         else:
             p.error(f"unknown task {name!r}")
-        tasks[name] = run_task(task, mode, seeds, console)
+        tasks[name] = run_task(task, mode, seeds, console, available)
         raw += tasks[name].pop("_ratios_raw")
     med, lo, hi = bootstrap_median(raw) if raw else (math.nan, math.nan, math.nan)
     done = [t for t in tasks.values() if "skipped" not in t]
@@ -400,13 +520,25 @@ def main(argv: list[str] | None = None) -> int:
             ratios[f"{name}_agd_steps_to_target_vs_adamw"] = t["steps_ratio"]["median"]
             ratios[f"{name}_agd_step_time_vs_adamw"] = t["step_time_ratio"]
     doc = {
-        "command": "python benchmarks/optim.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": shlex.join(["python", "benchmarks/optim.py", *argv_used]),
+        "python_executable": sys.executable,
         "mode": mode["name"],
         "config": {"grid_k": mode["grid_k"], "grid": "AdamW: centre * 2**k; AGD: centre / 10 * 2**k",
                    "steps": mode["steps"], "tuning_seed": 0, "seeds": seeds, "threads": a.threads,
                    "betas": [0.9, 0.999], "weight_decay": 0.0, "warmup": "linear over the first 5% of steps",
                    "tasks": {k: {"adamw_centre": v["adamw_centre"], "agd_delta": v["agd_delta"], "batch": v["batch"]}
                              for k, v in TASKS.items()},
+                   "optimizers": {
+                       "adamw": {"class": "torch.optim.AdamW", "options": _jsonable({**COMMON_OPTIONS, **ADAMW_OPTIONS}),
+                                 "implementations_tried": ADAMW_IMPLEMENTATIONS, "implementations_unavailable":
+                                 {k: v for k, v in available.items() if v is not None},
+                                 "implementation": {k: t["adamw_implementation"]["chosen"] for k, t in tasks.items()
+                                                    if "skipped" not in t},
+                                 "chosen_by": "per task, the faster median optimizer.step() before tuning"},
+                       "agd": {"class": "dlrover_plugin_optim_agd.AGD", "version": dlrover_plugin_optim_agd.__version__,
+                               "options": _jsonable({**COMMON_OPTIONS, **AGD_OPTIONS}),
+                               "delta": {k: v["agd_delta"] for k, v in TASKS.items()}},
+                   },
                    "target": "per seed: AdamW's best validation loss in that run",
                    "bootstrap": "10000 resamples of the per-seed ratios; median; 2.5/97.5 percentiles"},
         "machine": {"cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),

@@ -78,14 +78,20 @@ b. **Kill to state restored, 1 GiB.** A 2-node dlrover-core job of ``_recovery_w
    the char LM plus extra buffers, 1 GiB per rank, saved with the Checkpointer every step to
    memory; a worker is SIGKILLed (repeatedly) and the replacement logs the wall time
    ``Checkpointer.load`` returned.
-c. **Hang detection.** SIGSTOP rank 1. dlrover-core with ``Failure(hang_timeout_s=H)`` set
-   explicitly (derived, it would be max(60 s, 20 x the median step time) = 60 s here): SIGSTOP
-   to the master's ``worker_failed`` event of kind ``hang``. torchrun with its defaults (gloo's
-   30-minute collective timeout; the agent itself only watches for exits): SIGSTOP to a worker
-   exit or a restart, capped at ``--torchrun-hang-cap-s``; if it never notices, the cap is a
-   lower bound and the ratio an upper bound. The capped torchrun run is started first and sits
-   idle (one worker stopped, the other blocked in gloo) while the other experiments run; the
-   CPU time it uses meanwhile is reported.
+c. **Hang detection, equal timeouts.** SIGSTOP rank 1 once the job has trained
+   ``INJECT_AT_STEP`` steps; both sides get the same detection budget H (``hang_timeout_s``,
+   10 s; ``--hang-timeout-s`` sets it for both). dlrover-core: ``Failure(hang_timeout_s=H)``
+   set explicitly (derived, it would be max(60 s, 20 x the median step time) = 60 s here),
+   measured from the SIGSTOP to the master's ``worker_failed`` event of kind ``hang``.
+   torchrun: its agent only watches for worker exits, and a gloo job's only hang detection is
+   the process group's collective timeout (torch's default is 30 minutes), so the training
+   script's ``init_process_group(timeout=H)`` gets the same H (``--pg-timeout-s``): the
+   surviving rank's all-reduce fails after H and the worker exits; measured from the SIGSTOP
+   to that exit (or a restart, or torchrun exiting, whichever comes first), capped at
+   ``--torchrun-hang-cap-s``; if it never notices, the cap is a lower bound and the ratio an
+   upper bound. The two sides run one after the other, torchrun first, with nothing else of
+   this benchmark running; the timeouts each side used are in the JSON
+   (``results.c.timeouts_s`` and ``config.hang_timeouts_s``).
 d. **Re-rendezvous 2 → 1 → 2.** ``Nodes(min=1, max=2)``, the char LM in
    ``_recovery_worker.py --live`` (``train.steps()``): SIGKILL node 1's agent (its worker
    dies with it). Seconds from the kill to the first step at world size 1, and from the
@@ -116,8 +122,9 @@ formula does not model.
 Run a lasts 3000 steps (some 10 minutes of training per side here, 3 to 4 MTBFs); ``--quick``
 scales the MTBF down by 15 (12 s) and runs 160 steps (3 kills per side with seed 0, the first
 two 0.5 s apart), skips a' and e, does 2 kills in b instead of 5 and caps torchrun's hang at
-120 s instead of 300 s; it takes about 8 minutes here (9.4 measured while other jobs kept
-the load average at 4.5 to 6.5 on these 2 cores). The full run takes an estimated 75
+120 s instead of 300 s (with equal timeouts it is noticed long before either); it takes about
+8 minutes here (9.4 measured while other jobs kept the load average at 4.5 to 6.5 on these 2
+cores; c alone, ``--only c``: 1.5 minutes). The full run takes an estimated 75
 minutes (a: about 11 minutes per side and for the run without kills, a': 5 per side, e: 3,
 b-d: 6).
 
@@ -134,6 +141,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import shutil
 import signal
 import sys
@@ -174,7 +182,6 @@ from _recovery_common import (  # noqa: E402
     torchft_unavailable,
     torchrun_breakdown,
     torchrun_records,
-    tree_cpu_s,
 )
 
 from dlrover_core import Checkpoint, Failure, Job, Nodes  # noqa: E402
@@ -673,15 +680,22 @@ def run_hang_ours(cfg: dict, work: Path) -> dict[str, Any]:
 
 
 class TorchrunHang:
-    """torchrun with its default collective timeout; SIGSTOP rank 1; watch (in a thread) for
-    torchrun to notice — a worker exits, a restart starts, or torchrun exits — until the cap."""
+    """torchrun whose gloo process group has the same timeout as dlrover-core's
+    ``hang_timeout_s`` (``init_process_group(timeout=...)``); SIGSTOP rank 1; watch (in a
+    thread) for torchrun to notice — a worker exits, a restart starts, or torchrun exits —
+    until the cap."""
 
     def __init__(self, cfg: dict, work: Path) -> None:
         self.cap_s = cfg["torchrun_hang_cap_s"]
+        self.pg_timeout_s = cfg["hang_timeout_s"]
         self.side = TorchrunSide(work / "torchrun-hang", steps=100_000, ckpt_every=cfg["ckpt_every"], max_restarts=3,
-                                 pg_timeout_s=0)
+                                 pg_timeout_s=self.pg_timeout_s)
         _TORCHRUNS.append(self.side)
-        self.out: dict[str, Any] = {"collective_timeout": "torch default (gloo: 30 min)", "cap_s": self.cap_s}
+        self.out: dict[str, Any] = {
+            "pg_timeout_s": self.pg_timeout_s,
+            "timeout_mechanism": "init_process_group('gloo', timeout=timedelta(seconds=pg_timeout_s)) in "
+                                 "_recovery_torchrun_train.py (--pg-timeout-s); torchrun's agent watches exits only",
+            "torch_default_pg_timeout_s": 1800.0, "cap_s": self.cap_s, "argv": self.side.argv}
         self.t_stop: float | None = None
         self._thread: threading.Thread | None = None
         self._done = threading.Event()
@@ -698,7 +712,6 @@ class TorchrunHang:
         self.pids = {r: side.victim(r)[0] for r in (0, 1)}
         self.t_stop = time.time()
         os.kill(self.pids[1], signal.SIGSTOP)
-        self.cpu_at_stop = tree_cpu_s(side.pid)
         self._thread = threading.Thread(target=self._watch, name="torchrun-hang", daemon=True)
         self._thread.start()
         return True
@@ -719,8 +732,13 @@ class TorchrunHang:
             time.sleep(0.2)
         else:
             self.out.update(noticed=False, detect_s_lower_bound=_r(time.time() - self.t_stop))
-        self.out["cpu_s_while_hung"] = _r(tree_cpu_s(side.pid) - self.cpu_at_stop)
         self._done.set()
+
+    def run(self) -> dict[str, Any]:
+        """Start, SIGSTOP, wait until torchrun notices or the cap passes, kill it; the results."""
+        if self.start():
+            say(f"   SIGSTOPped rank 1 (pid {self.pids[1]}); waiting up to {self.cap_s:g} s ...")
+        return self.finish()
 
     def finish(self) -> dict[str, Any]:
         if self._thread is not None:
@@ -926,7 +944,6 @@ def compute(res: dict[str, Any], cfg: dict) -> tuple[dict[str, Any], dict[str, s
         ratios["hang_detect_vs_torchrun"] = _r(o_s / t_s, 4) if o_s and t_s else None
         if o_s and tr_c.get("noticed") is False:
             ratios["hang_detect_vs_torchrun_is_upper_bound"] = True
-            ratios["hang_detect_vs_torchrun_at_documented_default"] = _r(o_s / 1800.0, 4)
     d = res.get("d")
     if d and "down_2_to_1" in d:
         down = d["down_2_to_1"]["kill_to_first_1node_step_s"]
@@ -1093,12 +1110,12 @@ def tables(res: dict[str, Any], ratios: dict[str, Any], goals: dict[str, str], r
         t.add_row("[b]c. SIGSTOP rank 1 → hang detected[/b]", "", "", "")
         t.add_row("  detection", _s(o.get("detect_s")),
                   _s(tr.get("detect_s")) if tr.get("noticed") else f"> {_s(tr.get('detect_s_lower_bound'), 0)} (never)", "")
-        t.add_row("  setting", f"hang_timeout_s={o.get('hang_timeout_s'):g} (explicit)", "defaults (gloo 30 min)", "")
+        t.add_row("  timeout", f"hang_timeout_s={o.get('hang_timeout_s'):g} (explicit)",
+                  f"init_process_group(timeout={tr.get('pg_timeout_s'):g} s)", "")
         t.add_row("  SIGSTOP → next step (world size)", f"{_s(o.get('stop_to_next_step_s'))} ({o.get('next_step_world_size')})",
                   "—", "")
-        if tr.get("cpu_s_while_hung") is not None:
-            t.add_row(f"  CPU seconds used by the hung torchrun in its {tr.get('cap_s', 0):g} s beside the other runs", "",
-                      _s(tr["cpu_s_while_hung"], 1), "")
+        if tr.get("how"):
+            t.add_row("  noticed by", "the master (worker_failed, hang)", str(tr["how"]), "")
     d = res.get("d")
     if d:
         t.add_row("[b]d. Nodes(min=1, max=2): SIGKILL node 1's agent[/b]", "", "", "")
@@ -1196,7 +1213,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", default=None, help="scratch directory (default: a temporary one, removed)")
     p.add_argument("--keep", action="store_true", help="keep the scratch directory (logs)")
     p.add_argument("--torchrun-hang-cap-s", type=float, default=None, help="override the mode's cap (120 / 300 s)")
-    p.add_argument("--hang-timeout-s", type=float, default=None, help="override dlrover-core's hang_timeout_s (10 s)")
+    p.add_argument("--hang-timeout-s", type=float, default=None,
+                   help="c's detection budget for both sides (10 s): dlrover-core's Failure.hang_timeout_s and "
+                        "torchrun's gloo init_process_group(timeout=...)")
     a = p.parse_args(argv)
     mode = "quick" if a.quick else "full"
     cfg = dict(MODES[mode])
@@ -1204,6 +1223,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg["torchrun_hang_cap_s"] = a.torchrun_hang_cap_s
     if a.hang_timeout_s is not None:
         cfg["hang_timeout_s"] = a.hang_timeout_s
+    cfg["hang_timeouts_s"] = {"dlrover-core": {"Failure.hang_timeout_s": cfg["hang_timeout_s"]},
+                              "torchrun": {"init_process_group(timeout=)": cfg["hang_timeout_s"]}}
+    argv_used = list(argv if argv is not None else sys.argv[1:])
     only = {x.strip() for x in a.only.split(",") if x.strip()}
     sides = [s for s in SIDES if s in {x.strip() for x in a.sides.split(",")}]
     runners = {"dlrover-core": run_ours, "torchrun": run_torchrun, "torchft": run_torchft}
@@ -1228,11 +1250,6 @@ def main(argv: list[str] | None = None) -> int:
     say(f"mode {mode}; scratch {scratch}; load average {load_before[0]:.2f}")
     hang_tr: TorchrunHang | None = None
     try:
-        if "c" in only:
-            say(f"c. torchrun hang (defaults; capped at {cfg['torchrun_hang_cap_s']:g} s; it sits idle beside the other "
-                "experiments) ...")
-            hang_tr = TorchrunHang(cfg, scratch)
-            hang_tr.start()
         if "a" in only:
             res["a"] = {"schedule": schedule[:40], "mtbf": {}}
             for side in sides:
@@ -1270,9 +1287,20 @@ def main(argv: list[str] | None = None) -> int:
             say(f"   kill → state restored, median {_s(res['b']['kill_to_state_restored_median_s'])} s")
         check_stop()
         if "c" in only:
-            say(f"c. dlrover-core hang (hang_timeout_s={cfg['hang_timeout_s']:g}) ...")
+            h = cfg["hang_timeout_s"]
+            say(f"c. torchrun hang (gloo init_process_group timeout {h:g} s, the same as dlrover-core's "
+                f"hang_timeout_s; capped at {cfg['torchrun_hang_cap_s']:g} s) ...")
+            hang_tr = TorchrunHang(cfg, scratch)
+            tr_hang = hang_tr.run()
+            say(f"   noticed after {_s(tr_hang.get('detect_s'))} s ({tr_hang.get('how')})" if tr_hang.get("noticed")
+                else f"   not noticed within {_s(tr_hang.get('detect_s_lower_bound'), 0)} s {tr_hang.get('error') or ''}")
+            check_stop()
+            say(f"c. dlrover-core hang (hang_timeout_s={h:g}) ...")
             ours_hang = run_hang_ours(cfg, scratch)
             say(f"   detected after {_s(ours_hang.get('detect_s'))} s")
+            res["c"] = {"dlrover-core": ours_hang, "torchrun": tr_hang,
+                        "timeouts_s": {"dlrover-core": ours_hang.get("hang_timeout_s"),
+                                       "torchrun": tr_hang.get("pg_timeout_s")}}
         check_stop()
         if "d" in only:
             say("d. dlrover-core, Nodes(min=1, max=2), SIGKILL node 1's agent ...")
@@ -1280,10 +1308,6 @@ def main(argv: list[str] | None = None) -> int:
             say(f"   2 → 1 {_s((res['d'].get('down_2_to_1') or {}).get('kill_to_first_1node_step_s'))} s, 1 → 2 "
                 f"{_s((res['d'].get('up_1_to_2') or {}).get('join_to_first_2node_step_s'))} s")
         check_stop()
-        if hang_tr is not None:
-            left = cfg["torchrun_hang_cap_s"] - (time.time() - (hang_tr.t_stop or time.time()))
-            say(f"c. waiting for torchrun's hang (up to {max(0.0, left):.0f} s more) ...")
-            res["c"] = {"dlrover-core": ours_hang, "torchrun": hang_tr.finish()}
     finally:
         if hang_tr is not None:
             hang_tr.side.kill()
@@ -1297,7 +1321,8 @@ def main(argv: list[str] | None = None) -> int:
     for tbl in tables(res, ratios, goals, reasons, cfg):
         console.print(tbl)
     doc = {
-        "command": "python benchmarks/" + " ".join([Path(__file__).name, *(argv if argv is not None else sys.argv[1:])]),
+        "command": shlex.join(["python", f"benchmarks/{Path(__file__).name}", *argv_used]),
+        "python_executable": sys.executable,
         "mode": mode, "config": cfg, "seed": a.seed, "sides": sides,
         "machine": {"cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
                     "load_average_before": [round(x, 2) for x in load_before],
@@ -1411,10 +1436,14 @@ def annotate(res: dict[str, Any], ratios: dict[str, Any], cfg: dict) -> dict[str
                 f"{_s(bd.get('load_call'), 2)} s; {_s(b.get('without_script_setup_median_s'), 2)} s without the "
                 f"script's own setup (median)")
     if c and missed("hang_detect_vs_torchrun"):
+        tr_c = c["torchrun"]
         reasons["hang_detect_vs_torchrun"] = (
-            f"ours {_s(c['dlrover-core'].get('detect_s'), 1)} s; torchrun did not notice within the "
-            f"{cfg['torchrun_hang_cap_s']:g} s cap (a lower bound: this ratio is an upper bound); at its documented "
-            f"1800 s it would be {_s(ratios.get('hang_detect_vs_torchrun_at_documented_default'), 4)}")
+            f"equal timeouts ({_s(c['dlrover-core'].get('hang_timeout_s'), 1)} s each): ours "
+            f"{_s(c['dlrover-core'].get('detect_s'), 1)} s, torchrun "
+            + (f"{_s(tr_c.get('detect_s'), 1)} s ({tr_c.get('how')})" if tr_c.get("noticed")
+               else f"did not notice within the {cfg['torchrun_hang_cap_s']:g} s cap (a lower bound: the ratio is an "
+                    f"upper bound){': ' + tr_c['error'] if tr_c.get('error') else ''}")
+            + "; with the same budget both sides detect after about the timeout, so the ratio is near 1")
     if c and c["dlrover-core"].get("detect_s") is None:
         reasons["hang_detect_vs_torchrun"] = f"not measured: {c['dlrover-core'].get('error')}"
     if d and missed("rerendezvous_2_1_2_s"):

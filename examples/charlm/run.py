@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ckpt-dir", default=None, help="checkpoint directory (default: a fresh temporary one)")
     p.add_argument("--data", default=None, help="a text file to train on (default: Python's standard library)")
     p.add_argument("--log-dir", default="dlrover-runs")
+    p.add_argument("--accelerator", default="cpu",
+                   help="cpu (gloo), cuda (nccl: one GPU per worker), auto, or an installed plugin's name")
     p.add_argument("--scheduler", default="local", help="where nodes run: local (processes), docker (containers), ...")
     p.add_argument("--result-json", default=None, help="write the JobResult plus validation losses here")
     p.add_argument("train_args", nargs="*", help="extra arguments for train.py (after --)")
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         entrypoint=str(HERE / "train.py"),
         args=args,
         nodes=Nodes(min=a.nodes, max=a.nodes, nproc_per_node=a.nproc_per_node),
-        accelerator="cpu",
+        accelerator=a.accelerator,
         scheduler=a.scheduler,
         checkpoint=Checkpoint(dir=ckpt_dir, persist_every_steps=a.persist_every, keep_last=2),
         failure=Failure(max_restarts=a.max_restarts, live_recovery=not a.restart_all),

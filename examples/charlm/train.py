@@ -46,9 +46,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def evaluate(model: torch.nn.Module, batches: list, rank: int, world_size: int) -> float:
     """Mean validation loss (nats/byte) over the fixed batches, split across ranks."""
     model.eval()
-    total = torch.zeros(2, dtype=torch.float64)
+    device = next(model.parameters()).device  # the collective's backend needs its device's tensors
+    total = torch.zeros(2, dtype=torch.float64, device=device)
     for x, y in batches[rank::world_size]:
-        total[0] += loss_fn(model(x), y).item()
+        total[0] += loss_fn(model(x.to(device)), y.to(device)).item()
         total[1] += 1
     if dist.is_initialized():
         dist.all_reduce(total)
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     info = train.init()
     train_data, val_data = load_corpus(args.data, args.max_bytes)
     torch.manual_seed(args.seed)
-    model = CharLM(block_size=args.block_size)
+    model = CharLM(block_size=args.block_size).to(info.device)  # cpu, or cuda:LOCAL_RANK with accelerator cuda
     n_params = sum(p.numel() for p in model.parameters())
     model, optimizer = train.prepare(model, lr=args.lr, weight_decay=0.01)
 
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                         loss.backward()
                         continue
                     x, y = windows(train_data, chunk, args.block_size)
-                    loss = loss_fn(model(x), y)
+                    loss = loss_fn(model(x.to(info.device)), y.to(info.device))
                     # a global-batch mean: DDP averages over world_size ranks
                     (loss * (len(chunk) * step.world_size / sampler.global_batch_size)).backward()
                     loss_sum += loss.item() * len(chunk)

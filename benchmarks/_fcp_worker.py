@@ -1,9 +1,12 @@
 """Worker of the Flash Checkpoint benchmark: runs under dlrover (1 node x 1 worker) and
 measures our Checkpointer on the same state as the peers (16 float32 tensors).
 
-Attempt 0 measures saves, durability, step slowdown during a persist and dropped saves, then
-SIGKILLs itself; attempt 1 (restarted by the agent) measures restores from memory into a
-live model. Results are merged into --out (JSON).
+Attempt 0 measures saves, durability (interleaved with the raw write + fsync floor),
+step slowdown during a persist and dropped saves, then SIGKILLs itself. Each of the next
+``--cycles`` attempts (restarted by the agent) times its process's first ``load()``
+from memory into a live model (a cold restore), checks it bit for bit, and SIGKILLs
+itself again; the last one then also times ``--reps`` more loads in the same process
+(warm) and exits. Results are merged into --out (JSON).
 """
 
 from __future__ import annotations
@@ -17,10 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+_PROCESS_START = time.time()  # before the slow imports: part of a restart
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from checkpoint_peers import make_state  # noqa: E402
+from _ckpt_common import DiskFloor, byte_views, digest, prewarm_copies  # noqa: E402
+from checkpoint_peers import live_model, make_state  # noqa: E402
 
 from dlrover_core import train  # noqa: E402
 from dlrover_core.storage.posix import PosixStorage  # noqa: E402
@@ -43,47 +49,6 @@ def work_step(a: torch.Tensor) -> float:
     for _ in range(40):
         torch.mm(a, a)
     return time.perf_counter() - t0
-
-
-def write_fsync(state: dict[str, torch.Tensor], directory: Path, kept: list[Path], keep: int = 2) -> float:
-    """Raw write + fsync (file and directory) of the state's bytes to a new file; seconds.
-
-    Files beyond the last ``keep`` are deleted after the write, as retention deletes old
-    steps after a commit (on a thin-provisioned disk, writing never-written blocks is
-    several times slower than rewriting freed ones: both sides must meet the same disk)."""
-    path = directory / f"raw{time.monotonic_ns()}.bin"
-    t0 = time.perf_counter()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        for t in state.values():
-            view = memoryview(t.view(-1).view(torch.uint8).numpy())
-            while view:
-                view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    dfd = os.open(directory, os.O_RDONLY)
-    os.fsync(dfd)
-    os.close(dfd)
-    elapsed = time.perf_counter() - t0
-    kept.append(path)
-    while len(kept) > keep:
-        kept.pop(0).unlink()
-    return elapsed
-
-
-def prewarm(state: dict[str, torch.Tensor], directory: Path, copies: int) -> None:
-    """Write ``copies`` times the state's bytes, fsync, delete, sync: later writes then reuse
-    blocks the disk has held before. (On a thin-provisioned VM disk, first writes to a block
-    are several times slower than rewrites, which would make either side of the comparison
-    win at random.)"""
-    kept: list[Path] = []
-    for _ in range(copies):
-        write_fsync(state, directory, kept, keep=copies)
-    for path in kept:
-        path.unlink()
-    os.sync()
-    time.sleep(1.0)
 
 
 def wait_committed(storage: PosixStorage, step: int, timeout_s: float = 600) -> None:
@@ -114,14 +79,13 @@ def attempt0(a: argparse.Namespace, out: dict) -> None:
     # same bytes to a new file on the same filesystem, its last two files kept, as the
     # checkpoint keeps its last two steps): both meet the disk in the same state
     durable, blocked, floor = [], [], []
-    raw_dir = Path(ckpt.storage.url) / "raw-floor"
-    raw_dir.mkdir(parents=True, exist_ok=True)
-    prewarm(state, raw_dir, copies=2 * a.reps + 6)
-    raw_files: list[Path] = []
+    arrays = byte_views(state)
+    disk = DiskFloor(Path(ckpt.storage.url) / "raw-floor")
+    disk.prewarm(arrays, prewarm_copies(a.size_bytes, a.reps))
     for i in range(a.reps + 1):
         step = 100 + i
         time.sleep(0.3)  # persists are steps apart in training; let the last commit's retention finish
-        floor_s = write_fsync(state, raw_dir, raw_files)
+        floor_s = disk.sample(arrays)
         time.sleep(0.3)
         t0 = time.perf_counter()
         ckpt.save(step, {"model": model}, force=True)
@@ -130,8 +94,7 @@ def attempt0(a: argparse.Namespace, out: dict) -> None:
         if i:  # the first round warms up
             durable.append(time.perf_counter() - t0)
             floor.append(floor_s)
-    for path in raw_files:
-        path.unlink()
+    disk.clear()
     out["durable_samples"], out["durable_s"] = durable, statistics.median(durable)
     out["write_fsync_samples"], out["write_fsync_s"] = floor, statistics.median(floor)
     out["persist_save_block_s"] = statistics.median(blocked)
@@ -169,33 +132,66 @@ def attempt0(a: argparse.Namespace, out: dict) -> None:
         out[f"steps_during_persist{label}"] = len(during)
         out[f"step_slowdown_during_persist{label}"] = out[f"step_during_persist{label}_s"] / out[f"step_alone{label}_s"] - 1
 
-    ckpt.save(400, {"model": model})  # memory only: what the restarted worker restores
+    ckpt.save(400, {"model": model})  # memory only: what the restarted workers restore
+    out["digest"] = digest(state)
+    die(a, out)
+
+
+def die(a: argparse.Namespace, out: dict) -> None:
+    """Record what was measured, then SIGKILL this worker (the agent restarts it)."""
+    out["kill_wall_time"] = time.time()
     Path(a.out).write_text(json.dumps(out))
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def attempt1(a: argparse.Namespace, out: dict) -> None:
-    want = make_state(a.size_bytes)
-    model = as_module({k: torch.randn_like(v) for k, v in want.items()})  # a live model: memory in use
+def restarted(a: argparse.Namespace, out: dict, cycle: int) -> None:
+    """A restarted worker: its first ``load()`` (cold) into a live model, checked bit for
+    bit; SIGKILL again until ``--cycles`` cold restores are taken, then warm loads."""
+    model = as_module(live_model(a.size_bytes))  # a live model: its memory in use
     ckpt = train.Checkpointer()
-    restores, sources = [], []
+    load_called = time.time()
+    t0 = time.perf_counter()
+    restored = ckpt.load({"model": model})
+    cold = time.perf_counter() - t0
+    restored_at = time.time()
+    print(f"cold restore {cold:.4f} s from {restored.source}", flush=True)
+    kill = out.pop("kill_wall_time")
+    out.setdefault("restore_cold_samples", []).append(cold)
+    out.setdefault("kill_to_restored_samples", []).append(restored_at - kill)
+    out.setdefault("kill_breakdown_s", []).append({  # wall clock, across the two processes
+        "until_new_process_starts": _PROCESS_START - kill,
+        "new_process_setup": load_called - _PROCESS_START,  # imports, init, live model, Checkpointer()
+        "load": restored_at - load_called})
+    out.setdefault("restore_cold_sources", []).append(restored.source)
+    out.setdefault("restore_cold_steps", []).append(restored.step)
+    exact = digest(model.state_dict()) == out["digest"]
+    out["restore_bit_exact"] = out.get("restore_bit_exact", True) and exact
+    if cycle < a.cycles:
+        die(a, out)
+
+    warm, sources = [], []
     for _ in range(a.reps):
         t0 = time.perf_counter()
         restored = ckpt.load({"model": model})
-        restores.append(time.perf_counter() - t0)
+        warm.append(time.perf_counter() - t0)
         sources.append(restored.source)
-        print(f"restore {restores[-1]:.4f} s from {restored.source}", flush=True)
-    out["restore_samples"], out["restore_s"] = restores, statistics.median(restores)
-    out["restore_first_s"] = restores[0]
-    out["restore_sources"] = sorted(set(sources))
+    colds = out["restore_cold_samples"]
+    out["restore_cold_s"] = statistics.median(colds)
+    out["restore_s"] = out["restore_cold_s"]  # the headline restore: cold, after a restart
+    out["restore_warm_samples"], out["restore_warm_s"] = warm, statistics.median(warm)
+    out["restore_first_s"] = colds[0]
+    out["kill_to_restored_s"] = statistics.median(out["kill_to_restored_samples"])
+    out["restore_sources"] = sorted(set(out["restore_cold_sources"]) | set(sources))
     out["restore_step"] = restored.step
-    out["restore_bit_exact"] = all(torch.equal(p, want[k]) for k, p in model.state_dict().items())
+    out["restore_bit_exact"] = out["restore_bit_exact"] and digest(model.state_dict()) == out.pop("digest")
+    out["restart_cycles"] = a.cycles
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--size-bytes", type=int, required=True)
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--cycles", type=int, default=5, help="restarts, each timing its first (cold) restore")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     info = train.init()
@@ -203,7 +199,7 @@ def main() -> None:
     if info.restart_count == 0:
         attempt0(a, out)
     else:
-        attempt1(a, out)
+        restarted(a, out, info.restart_count)
         Path(a.out).write_text(json.dumps(out))
 
 

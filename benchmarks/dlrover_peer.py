@@ -1,9 +1,11 @@
 """DLRover 0.6.1's own Flash Checkpoint (``DdpCheckpointer``), measured as a peer.
 
 DLRover lives in its own venv (``ensure_dlrover_venv``). ``measure_dlrover_fcp``
-starts DLRover's master and ``dlrover-run --standalone --max-restarts 1`` on
-``_dlrover_fcp_worker.py``, which times saves, kills itself, and times the
-restore in the restarted process. All times are seconds.
+starts DLRover's master and ``dlrover-run --standalone --max-restarts CYCLES`` on
+``_dlrover_fcp_worker.py``, which times saves (next to a raw write + fsync floor,
+``_ckpt_common.DiskFloor``), kills itself, and times the first restore of each
+restarted process (cold), SIGKILLing itself again until it has ``cycles`` of them;
+the last process also times warm restores. All times are seconds.
 
 Try it alone::
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -66,17 +69,21 @@ def ensure_dlrover_venv(cache_dir: Path = DEFAULT_CACHE) -> Path:
     return py
 
 
-def measure_dlrover_fcp(size_bytes: int, reps: int, workdir: Path, cache_dir: Path = DEFAULT_CACHE) -> dict:
+def measure_dlrover_fcp(size_bytes: int, reps: int, workdir: Path, cache_dir: Path = DEFAULT_CACHE,
+                        cycles: int | None = None) -> dict:
     """Time DLRover's ``DdpCheckpointer`` on a state of ``size_bytes``
-    (16 equal float32 tensors, seed 0), ``reps`` repetitions after a warm-up.
+    (16 equal float32 tensors, seed 0), ``reps`` repetitions after a warm-up,
+    and ``cycles`` (default ``reps``) kill + restart cycles.
 
     Keys (seconds unless noted): ``save_memory_block_s``, ``save_disk_block_s``,
     ``commit_s`` (DISK save call until ``dlrover_latest.txt`` names the step),
-    ``restore_memory_s`` (after a SIGKILL, in the restarted worker:
-    ``load_checkpoint()`` + copy into preallocated tensors; ``restore_source``
-    is where DLRover says it read from), ``kill_to_restored_s``,
-    ``dropped_saves`` (memory saves DLRover skipped while a disk save
-    persisted; per-gap details under ``during_persist``),
+    ``disk_floor_samples`` (raw write + fsync of the same bytes, one before
+    each timed disk save), ``restore_cold_s`` (= ``restore_memory_s``: after
+    each SIGKILL, the restarted worker's first ``load_checkpoint()`` + copy
+    into preallocated tensors; ``restore_sources`` is where DLRover says it
+    read from), ``restore_warm_s`` (more loads in the last process),
+    ``kill_to_restored_s``, ``dropped_saves`` (memory saves DLRover skipped
+    while a disk save persisted; per-gap details under ``during_persist``),
     ``disk_saves_lost`` (count), ``fsyncs_data`` (bool), and ``*_samples``
     lists. Checkpoint files go under ``workdir``.
 
@@ -90,6 +97,7 @@ def measure_dlrover_fcp(size_bytes: int, reps: int, workdir: Path, cache_dir: Pa
     except (RuntimeError, OSError) as e:
         return {"available": False, "reason": f"cannot build DLRover venv: {e}"}
 
+    cycles = reps if cycles is None else cycles
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="dlrover-peer-", dir=workdir))
@@ -99,7 +107,7 @@ def measure_dlrover_fcp(size_bytes: int, reps: int, workdir: Path, cache_dir: Pa
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(ELASTIC_JOB_NAME=job, DLROVER_MASTER_ADDR=f"127.0.0.1:{port}", PYTHONUNBUFFERED="1",
                PATH=f"{py.parent}:{env.get('PATH', '')}")
-    timeout = 120 + 20 * reps * max(1.0, size_bytes / 2**30)  # a good run: ~25 s at 256 MiB
+    timeout = (120 + 20 * (reps + cycles)) * max(1.0, size_bytes / 2**30)  # a good run: ~40 s at 256 MiB
     procs: list[subprocess.Popen] = []
     had_socket_dir = SOCKET_DIR.exists()
     load_before = os.getloadavg()[0]  # other work on the machine skews timings
@@ -115,16 +123,18 @@ def measure_dlrover_fcp(size_bytes: int, reps: int, workdir: Path, cache_dir: Pa
                             "--node_num", "1", "--job_name", job, "--platform", "local"])
             _wait_port(port, master, timeout=90)
             run = start([str(py.parent / "dlrover-run"), "--standalone", "--nproc_per_node=1",
-                         "--max-restarts", "1", "--log-dir", str(tmp / "torchelastic"),
-                         str(WORKER), str(out_json), str(ckpt_dir), str(size_bytes), str(reps)])
+                         "--max-restarts", str(cycles), "--log-dir", str(tmp / "torchelastic"),
+                         str(WORKER), str(out_json), str(ckpt_dir), str(size_bytes), str(reps), str(cycles)])
             try:
                 rc = run.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 rc = f"timeout after {timeout:.0f} s"
         if rc != 0 or not out_json.exists():
-            kept = shutil.copy(log_path, workdir / "dlrover-peer-failed.log")
-            raise RuntimeError(f"dlrover-run failed ({rc}); log kept in {kept}; tail:\n{_tail(log_path)}")
+            raise RuntimeError(f"dlrover-run failed ({rc}); log kept in {_keep_log(log_path, job)}; "
+                               f"tail:\n{_tail(log_path)}")
         result = json.loads(out_json.read_text())
+        if "failed" in result:
+            raise RuntimeError(f"DLRover worker failed (log kept in {_keep_log(log_path, job)}):\n{result['failed']}")
     finally:
         _kill_all(procs, tmp / "worker_pids.txt")
         shm_removed = _remove_job_shm(job)
@@ -227,6 +237,14 @@ def _rmdir_if_empty(path: Path) -> None:
         pass
 
 
+def _keep_log(log_path: Path, job: str) -> Path:
+    """Copy a failed run's log where the caller's scratch directory cleanup leaves it."""
+    kept = HERE / ".cache" / f"dlrover-peer-failed-{job}.log"
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(log_path, kept)
+    return kept
+
+
 def _tail(path: Path, n: int = 3000) -> str:
     try:
         return path.read_text(errors="replace")[-n:]
@@ -241,24 +259,27 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size-mib", type=int, default=256)
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--cycles", type=int, default=None, help="kill + restart cycles (default: --reps)")
     p.add_argument("--workdir", type=Path, default=HERE / ".cache" / "work",
                    help="checkpoint files go here (a real disk, not tmpfs)")
     p.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE, help="DLRover's venv")
     p.add_argument("--json", type=Path, help="write the results here")
     a = p.parse_args(argv)
     t0 = time.perf_counter()
-    out = measure_dlrover_fcp(a.size_mib << 20, a.reps, a.workdir, a.cache_dir)
+    out = measure_dlrover_fcp(a.size_mib << 20, a.reps, a.workdir, a.cache_dir, cycles=a.cycles)
+    out["command"] = shlex.join(["python", f"benchmarks/{Path(__file__).name}",
+                                 *(sys.argv[1:] if argv is None else argv)])
     if not out["available"]:
         print(f"DLRover unavailable: {out['reason']}")
     else:
-        keys = ("save_memory_block_s", "save_disk_block_s", "commit_s", "restore_memory_s",
-                "kill_to_restored_s")
+        keys = ("save_memory_block_s", "save_disk_block_s", "commit_s", "disk_floor_s", "restore_cold_s",
+                "restore_warm_s", "kill_to_restored_s")
         print(", ".join(f"{k}={out[k]:.3f}" for k in keys))
         for r in out["during_persist"]:
             print(f"  memory saves every {r['gap_s']:.2f} s during a persist: "
                   f"{r['dropped_saves']}/{r['memory_saves_issued']} dropped, "
                   f"disk save {'persisted' if r['disk_save_persisted'] else 'LOST'}")
-        print(f"restore_source={out['restore_source']}, dropped_saves={out['dropped_saves']}"
+        print(f"restore_sources={out['restore_sources']}, dropped_saves={out['dropped_saves']}"
               f"/{out['memory_saves_during_persist']}, disk_saves_lost={out['disk_saves_lost']}, "
               f"fsyncs_data={out['fsyncs_data']}")
     if a.json:

@@ -3,6 +3,7 @@
     python benchmarks/tables.py            # rewrite the generated regions of README.md
     python benchmarks/tables.py --check    # exit 1 when README.md is not what the JSON gives
     python benchmarks/tables.py --plots    # one PNG per series into docs/ (needs matplotlib)
+    python benchmarks/tables.py --print FILE [--as NAME]   # the table(s) of one result file
     make bench-tables                      # the first, then the third
 
 README.md holds one region per table, between ``<!-- bench:NAME -->`` and
@@ -13,7 +14,10 @@ key; "command not recorded" when the file has none).
 
 One renderer per result file, registered in ``REGISTRY`` (NAME -> file, renderer); a
 renderer reads keys with ``get()`` and prints "—" for a missing one, so result files may
-gain or lose keys. ``PLOTS`` does the same for the plots; a plot's data is extracted
+gain or lose keys. A renderer registered with ``pending=COMMAND`` is for a file that may not
+be written yet: until it is, its region says so (and names the command), and ``--check`` passes.
+The checkpoint renderer reads both the current ``checkpoint.json`` (``figures``, ``series``,
+cold and warm restores) and the earlier one (``sizes`` only; its ``restore_s`` was warm). ``PLOTS`` does the same for the plots; a plot's data is extracted
 without matplotlib (the README links a plot when its data has a series of two or more
 points), matplotlib is imported only to draw.
 """
@@ -125,15 +129,17 @@ def size_label(mib: Any) -> str:
 class Renderer:
     file: str  # in the results directory
     render: Callable[[dict], str]  # the JSON -> Markdown (tables, notes); no provenance
+    #: the command that writes ``file``; set for a file that may not exist yet: its region then says so
+    pending: str | None = None
 
 
 #: NAME (the README marker) -> its result file and renderer
 REGISTRY: dict[str, Renderer] = {}
 
 
-def renderer(name: str, file: str) -> Callable[[Callable[[dict], str]], Callable[[dict], str]]:
+def renderer(name: str, file: str, pending: str | None = None) -> Callable[[Callable[[dict], str]], Callable[[dict], str]]:
     def register(fn: Callable[[dict], str]) -> Callable[[dict], str]:
-        REGISTRY[name] = Renderer(file, fn)
+        REGISTRY[name] = Renderer(file, fn, pending)
         return fn
 
     return register
@@ -246,104 +252,333 @@ def render_master_scale(doc: dict) -> str:
     return table
 
 
+#: the checkpoint table's columns: (key in ``figures`` / ``series``, header)
+CKPT_COLUMNS = (
+    ("ours", "dlrover-core"), ("dlrover", "DLRover {v} FCP"), ("torch", "torch.save / load"), ("dcp_save", "DCP save"),
+    ("dcp_async_default", "DCP async_save (default)"), ("dcp_async_fastest", "DCP async_save (fastest staging)"),
+    ("floor", "floor"),
+)
+#: a ``series`` row's ``side`` (lower case) -> its column key
+CKPT_SIDE_KEYS = {
+    "dlrover-core": "ours", "ours": "ours", "dlrover_core": "ours",
+    "dlrover fcp": "dlrover", "dlrover": "dlrover", "dlrover_fcp": "dlrover", "dlrover 0.6.1": "dlrover",
+    "torch.save / load": "torch", "torch.save / torch.load": "torch", "torch.save": "torch", "torch_save": "torch",
+    "torch": "torch", "dcp save": "dcp_save", "dcp": "dcp_save", "dcp_save": "dcp_save",
+    "dcp async_save": "dcp_async_default", "dcp_async_save": "dcp_async_default",
+    "dcp async_save (default)": "dcp_async_default", "dcp_async_default": "dcp_async_default",
+    "dcp async_save (fastest staging)": "dcp_async_fastest", "dcp_async_fastest": "dcp_async_fastest",
+    "floor": "floor",
+}
+#: the headline figures, in table order -> their label (``restore_cold``: the first load in a fresh process)
+CKPT_METRICS = {
+    "stall": "training stall of a save",
+    "durable": "save → committed, fsynced",
+    "restore_cold": "restore after a worker restart, cold (first load in a fresh process)",
+    "restore_warm": "restore, warm (same process)",
+}
+#: (column, metric) -> (section of sizes[<MiB>], names tried in turn): a figure read from the side's own
+#: ``<name>_samples`` / ``<name>_s`` where ``figures`` lacks it (result files before ``figures``);
+#: a figure read under a name in ``CKPT_FALLBACK_NOTES`` is shown with that note
+CKPT_FALLBACK = {
+    ("ours", "stall"): ("ours", ("stall",)), ("ours", "durable"): ("ours", ("durable",)),
+    ("ours", "restore_cold"): ("ours", ("restore_cold",)),
+    ("dlrover", "stall"): ("dlrover", ("save_memory_block",)), ("dlrover", "durable"): ("dlrover", ("commit",)),
+    ("dlrover", "restore_cold"): ("dlrover", ("restore_cold", "restore_memory")),  # its one restore: after a restart
+    ("dlrover", "restore_warm"): ("dlrover", ("restore_warm",)),
+    ("torch", "stall"): ("peers", ("save",)), ("torch", "durable"): ("peers", ("save",)),
+    ("torch", "restore_cold"): ("peers", ("load_cold",)), ("torch", "restore_warm"): ("peers", ("load_mmap_into_model", "load_into_model")),
+    ("dcp_save", "stall"): ("peers", ("dcp_save",)), ("dcp_save", "durable"): ("peers", ("dcp_save",)),
+    ("dcp_async_default", "stall"): ("peers", ("dcp_async_save_block",)),
+    ("dcp_async_default", "durable"): ("peers", ("dcp_async_save_total",)),
+    ("dcp_async_fastest", "stall"): ("peers", ("dcp_async_save_fastest_block",)),
+    ("dcp_async_fastest", "durable"): ("peers", ("dcp_async_save_fastest_total",)),
+    ("floor", "stall"): ("peers", ("memcpy",)), ("floor", "durable"): ("ours", ("write_fsync",)),
+    ("floor", "restore_cold"): ("peers", ("memcpy",)), ("floor", "restore_warm"): ("peers", ("memcpy",)),
+}
+
+CKPT_FALLBACK_NOTES = {"load_into_model": "(`torch.load`, no mmap)"}
+
+
+def _stats(samples: Any, median: Any = None) -> dict | None:
+    """``{"median", "min", "max", "n"}`` of samples (or of the one median a file has)."""
+    xs = [x for x in samples if _is_num(x)] if isinstance(samples, list) else []
+    if xs:
+        return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+    return {"median": median, "n": 1} if _is_num(median) else None
+
+
 def _checkpoint_size(doc: dict) -> tuple[str | None, dict]:
-    """The size the headline table shows: the last one measured (the top-level ratios are its)."""
+    """The size the headline tables show: ``ratios_size_mib`` (the top-level ratios are its), else the last."""
     sizes = get(doc, "sizes")
     if not isinstance(sizes, dict) or not sizes:
         return None, {}
-    key = list(sizes)[-1]
+    key = str(doc.get("ratios_size_mib")) if str(doc.get("ratios_size_mib")) in sizes else list(sizes)[-1]
     return key, sizes[key] if isinstance(sizes[key], dict) else {}
 
 
+def _checkpoint_figures(at: dict) -> dict[tuple[str, str], dict]:
+    """(column, metric) -> stats at one size: ``figures`` ("ours.stall" -> stats), else the sides' samples.
+    Old files' ``ours.restore_s`` was a warm restore (same process): it is read as one."""
+    out: dict[tuple[str, str], dict] = {}
+    for name, f in (get(at, "figures", default={}) or {}).items():
+        key, _, metric = str(name).partition(".")
+        if isinstance(f, dict) and _is_num(f.get("median")):
+            out[(key, metric)] = f
+    ours = at.get("ours") if isinstance(at.get("ours"), dict) else {}
+    fallback = dict(CKPT_FALLBACK)
+    if "restore_cold_s" not in ours and "restore_cold_samples" not in ours:
+        fallback[("ours", "restore_warm")] = ("ours", ("restore_warm", "restore"))
+    else:
+        fallback[("ours", "restore_warm")] = ("ours", ("restore_warm",))
+    pooled = _stats(get(at, "disk_floor", "samples"), get(at, "disk_floor", "median"))
+    if pooled and ("floor", "durable") not in out:
+        out[("floor", "durable")] = pooled
+    for (key, metric), (section, names) in fallback.items():
+        if (key, metric) in out:
+            continue
+        d = at.get(section) if isinstance(at.get(section), dict) else {}
+        if not d.get("available", True):
+            continue
+        for name in names:
+            f = _stats(d.get(f"{name}_samples"), d.get(f"{name}_s"))
+            if f:
+                if name in CKPT_FALLBACK_NOTES:
+                    f["note"] = CKPT_FALLBACK_NOTES[name]
+                out[(key, metric)] = f
+                break
+    return out
+
+
 def _checkpoint_series(doc: dict) -> list[dict]:
-    """``series`` as flat rows {size_mib, side, <metric>_s...}: entries either carry a ``side``
-    or hold one dict per side ({"size_mib": 256, "dlrover-core": {"stall_s": ...}, ...})."""
+    """One row per size and column {size_mib, side (a column key), <metric>_s medians}: ``series``
+    where the file has one (rows carry a ``side``, or hold one dict per side), else read from ``sizes``."""
     out = []
     for entry in get(doc, "series", default=[]) or []:
         if not isinstance(entry, dict):
             continue
-        size = entry.get("size_mib")
-        if "side" in entry:
-            out.append(dict(entry))
+        pairs = [(entry.get("side"), entry)] if "side" in entry else [(k, v) for k, v in entry.items() if isinstance(v, dict)]
+        for side, values in pairs:
+            row = {k: v for k, v in values.items() if k.endswith("_s")}
+            out.append({**row, "size_mib": entry.get("size_mib"), "side": CKPT_SIDE_KEYS.get(str(side).lower(), str(side))})
+    if out:
+        return out
+    for mib, at in (get(doc, "sizes", default={}) or {}).items():
+        if not isinstance(at, dict):
             continue
-        for side, values in entry.items():
-            if isinstance(values, dict):
-                out.append({"size_mib": size, "side": side, **values})
+        figs = _checkpoint_figures(at)
+        for key in dict.fromkeys(k for k, _ in figs):
+            out.append({"size_mib": float(mib) if str(mib).replace(".", "", 1).isdigit() else mib, "side": key,
+                        **{f"{m}_s": figs[(key, m)]["median"] for m in CKPT_METRICS if (key, m) in figs}})
     return out
+
+
+def _first_line(text: Any, n: int = 120) -> str:
+    lines = str(text or "").strip().splitlines()
+    line = lines[0].strip().removesuffix("tail:").strip().removesuffix(";") if lines else "no reason recorded"
+    line = line.replace("|", "\\|")
+    return line if len(line) <= n else line[: n - 1] + "…"
+
+
+def _ckpt_col_label(key: str, version: Any) -> str:
+    label = dict(CKPT_COLUMNS).get(key, key)
+    return label.format(v=version or "").replace("  ", " ") if "{v}" in label else label
 
 
 @renderer("checkpoint", "checkpoint.json")
 def render_checkpoint(doc: dict) -> str:
     size, at = _checkpoint_size(doc)
-    ours, peers, dl = at.get("ours") or {}, at.get("peers") or {}, at.get("dlrover") or {}
-    dl_on = dl.get("available", bool(dl))
+    ours, peers, dl = (at.get(k) if isinstance(at.get(k), dict) else {} for k in ("ours", "peers", "dlrover"))
+    figs = _checkpoint_figures(at)
+    # DLRover's version: from any size where it ran
+    version = dl.get("dlrover") or next((get(v, "dlrover", "dlrover") for v in (get(doc, "sizes", default={}) or {}).values()
+                                         if get(v, "dlrover", "dlrover")), "")
 
-    def s(x: Any, note: str = "", bold: bool = False) -> str:
-        if not _is_num(x):
+    # why a column has no figures: a side reported {"available": false, "reason": ...}
+    why: dict[str, str] = {}
+    for section, keys in (("ours", ("ours",)), ("dlrover", ("dlrover",)),
+                          ("peers", ("torch", "dcp_save", "dcp_async_default", "dcp_async_fastest"))):
+        d = at.get(section)
+        if isinstance(d, dict) and d.get("available") is False:
+            for k in keys:
+                why[k] = d.get("reason", "")
+    unavailable = peers.get("unavailable") if isinstance(peers.get("unavailable"), dict) else {}
+    for name, reason in unavailable.items():
+        for k in {"torch_save": ("torch",), "dcp": ("dcp_save", "dcp_async_default", "dcp_async_fastest"),
+                  "floors": ("floor",)}.get(name, ()):
+            why.setdefault(k, reason)
+    notes: dict[str, int] = {}  # reason -> footnote number
+
+    def mark(key: str) -> str:
+        if key not in why:
             return DASH
-        v = fixed(x, 3)
-        return (f"**{v}**" if bold else v) + (f" ({note})" if note else "")
+        n = notes.setdefault(_first_line(why[key]), len(notes) + 1)
+        return f"{DASH} [{n}]"
 
-    def d(key: str, note: str = "") -> str:
-        return s(dl.get(key), note) if dl_on else DASH
+    def cell(key: str, metric: str, note: str = "", bold: bool = False) -> str:
+        f = figs.get((key, metric))
+        if f is None:
+            return mark(key) if metric == "stall" or key in why else DASH
+        v = fixed(f["median"], 3)
+        text = f"**{v}**" if bold else v
+        if _is_num(f.get("min")) and _is_num(f.get("max")) and f.get("n", 2) > 1:
+            text += f" ({fixed(f['min'], 3)}–{fixed(f['max'], 3)})"
+        note = " ".join(x for x in (note, f.get("note")) if x)
+        return text + (f" {note}" if note else "")
 
+    cols = [k for k, _ in CKPT_COLUMNS]
+    na = ""  # a side that does not have this figure at all
     rows = [
-        ["training stall of a save", s(ours.get("stall_s"), "memory", True), d("save_memory_block_s", "memory"),
-         s(peers.get("save_s"), "+fsync"), s(peers.get("dcp_save_s")), s(peers.get("dcp_async_save_block_s"), "blocking"),
-         s(peers.get("memcpy_s"), "copy")],
-        ["save → committed, fsynced", s(ours.get("durable_s"), bold=True),
-         d("commit_s", "data *not* fsynced" if dl.get("fsyncs_data") is False else ""), DASH, DASH,
-         s(peers.get("dcp_async_save_total_s")), s(ours.get("write_fsync_s"), "write+fsync")],
-        ["restore into a live model after a worker restart", s(ours.get("restore_s"), "memory", True),
-         d("restore_memory_s", "memory"), s(peers.get("load_s"), "torch.load"), "", "", s(peers.get("memcpy_s"), "copy")],
+        [CKPT_METRICS["stall"], cell("ours", "stall", "", True), cell("dlrover", "stall"), cell("torch", "stall"),
+         cell("dcp_save", "stall"), cell("dcp_async_default", "stall"), cell("dcp_async_fastest", "stall"),
+         cell("floor", "stall")],
+        [CKPT_METRICS["durable"], cell("ours", "durable", "", True), cell("dlrover", "durable", "¹" if dl.get("fsyncs_data") is False else ""),
+         cell("torch", "durable"), cell("dcp_save", "durable"), cell("dcp_async_default", "durable"),
+         cell("dcp_async_fastest", "durable"), cell("floor", "durable")],
+        [CKPT_METRICS["restore_cold"], cell("ours", "restore_cold", "", True), cell("dlrover", "restore_cold"),
+         cell("torch", "restore_cold"), na, na, na, cell("floor", "restore_cold")],
+        [CKPT_METRICS["restore_warm"], cell("ours", "restore_warm", "", True), cell("dlrover", "restore_warm"),
+         cell("torch", "restore_warm"), na, na, na, cell("floor", "restore_warm")],
     ]
-    if any(_is_num(side.get("restore_cold_s")) for side in (ours, peers, dl)):
-        rows.append(["restore from storage, cold", s(ours.get("restore_cold_s"), bold=True), d("restore_cold_s"),
-                     s(peers.get("restore_cold_s")), "", "", ""])
 
-    def lost(dropped: Any, of: Any, bold: bool = False) -> str:
+    def lost(d: dict, dropped_key: str, of_key: str, bold: bool = False) -> str:
+        dropped, of = d.get(dropped_key), d.get(of_key)
         if not _is_num(dropped):
             return DASH
         v = f"**{dropped}**" if bold else str(dropped)
         return f"{v} of {of}" if _is_num(of) else v
 
-    rows.append(["memory saves lost while a persist runs", lost(ours.get("dropped_saves"), ours.get("saves_during_persist"), True),
-                 lost(dl.get("dropped_saves"), dl.get("memory_saves_during_persist")) if dl_on else DASH, "", "", "", ""])
-    parts = [md_table(["", "dlrover-core", f"DLRover {dl.get('dlrover', '')} FCP".replace("  ", " "), "torch.save",
-                       "DCP save", "DCP async_save", "floor"], rows)]
+    rows.append(["memory saves lost while a persist runs", lost(ours, "dropped_saves", "saves_during_persist", True),
+                 lost(dl, "dropped_saves", "memory_saves_during_persist") if "dlrover" not in why else mark("dlrover"),
+                 na, na, na, na, na])
+    title = f"{size_label(size)} state" if size else ""
+    parts = [md_table([title] + [_ckpt_col_label(k, version) for k in cols], rows)]
+
+    # what each column's figure is
+    fastest = get(peers, "dcp_async_save_fastest_config", "variant")
+    method = peers.get("memcpy_method")
+    floor_n = get(figs.get(("floor", "durable")), "n")
+    lines = [
+        "Seconds, median (min–max) of the samples; **bold**: ours. "
+        "Stall: the training loop's wait for `save()` to return (dlrover-core and DLRover: a save to memory; "
+        "torch.save and DCP save: to disk, with fsync; DCP async_save: until its call returns / staging is done). "
+        "Cold restore: a worker SIGKILLed and restarted, its first load into a live model "
+        "(dlrover-core and DLRover: from the agent's memory; torch: `torch.load(mmap=True)` in a fresh interpreter, "
+        "page cache warm); warm: the same process loading again. Blank: not measured for that side.",
+    ]
+    if dl.get("fsyncs_data") is False:
+        lines.append("¹ DLRover: disk save → tracker written; its data file is *not* fsynced.")
+    if fastest:
+        lines.append(f"DCP async_save, fastest staging: `{fastest}` (of the staging options tried); default: "
+                     "`async_save()` as documented.")
+    floor_text = "Floor: a copy of the same bytes into a pre-touched buffer"
+    floor_text += f" ({method})" if method else ""
+    floor_text += "; durable: a raw write + fsync of the same bytes"
+    floor_text += f", {floor_n} samples next to every side" if _is_num(floor_n) and floor_n > 1 else ""
+    lines.append(floor_text + ".")
+    lines += [f"[{n}] did not run: {reason}" for reason, n in notes.items()]
+    parts.append("\n".join(f"{line}  " if i < len(lines) - 1 else line for i, line in enumerate(lines)))
+
+    # growth with the state size, from the series: stall / durable / cold restore medians per side
+    series = [r for r in _checkpoint_series(doc) if _is_num(r.get("size_mib"))]
+    if series:
+        by_size: dict[float, dict[str, dict]] = {}
+        for r in series:
+            by_size.setdefault(r["size_mib"], {})[r["side"]] = r
+        sides = [k for k in cols if any(k in v for v in by_size.values())]
+        sides += sorted({s for v in by_size.values() for s in v if s not in sides})
+
+        def trio(r: dict | None) -> str:
+            vals = [fixed(get(r, f"{m}_s"), 3) for m in ("stall", "durable", "restore_cold")]
+            return DASH if all(v == DASH for v in vals) else " / ".join(vals)
+
+        rows = [[size_label(mib)] + [trio(by_size[mib].get(k)) for k in sides] for mib in sorted(by_size)]
+        parts.append("Per state size, seconds, medians — stall / save → fsynced / cold restore:\n\n"
+                     + md_table(["state"] + [_ckpt_col_label(k, version) for k in sides], rows))
 
     ratios, goals = get(doc, "ratios", default={}) or {}, get(doc, "goals", default={}) or {}
     if ratios or goals:
+        rsize = doc.get("ratios_size_mib", size)
+
         def ratio_row(key: str) -> list[str]:
             v, goal = ratios.get(key), goals.get(key)
-            missed = _is_num(v) and _is_num(goal) and v > goal
-            text = ratio2(v)
             if goal is None:
-                goal_text = DASH
-            elif isinstance(goal, int) and not isinstance(goal, bool):
-                goal_text = str(goal)  # a count: exactly this many
+                return [f"`{key}`", ratio2(v), DASH, DASH]
+            if isinstance(goal, int) and not isinstance(goal, bool):
+                goal_text, ok = str(goal), v == goal  # a count: exactly this many
             else:
-                goal_text = f"≤ {plain(goal)}"
-            return [key, f"**{text}**" if missed else text, goal_text + (" (missed)" if missed else "")]
+                goal_text, ok = f"≤ {plain(goal)}", _is_num(v) and _is_num(goal) and v <= goal
+            met = DASH if not _is_num(v) else ("met" if ok else "**missed**")
+            text = ratio2(v)
+            return [f"`{key}`", text if ok or not _is_num(v) else f"**{text}**", goal_text, met]
 
         keys = list(ratios) + [k for k in goals if k not in ratios]
-        left = [ratio_row(k) for k in keys if k.startswith("stall_")]
-        right = [ratio_row(k) for k in keys if not k.startswith("stall_")]
-        label = f"ratio ({size_label(size)})" if size else "ratio"
-        rows = []
-        for i in range(max(len(left), len(right))):
-            a = left[i] if i < len(left) else ["", "", ""]
-            b = right[i] if i < len(right) else ["", "", ""]
-            rows.append(a + [""] + b)
-        parts.append(md_table([label, "value", "goal", "", label, "value", "goal"], rows))
+        label = f"ratio of medians ({size_label(rsize)})" if rsize else "ratio of medians"
+        parts.append(md_table([label, "value", "goal", "met"], [ratio_row(k) for k in keys]))
+    return "\n\n".join(parts)
 
-    series = _checkpoint_series(doc)
-    if series:
-        metrics = [m for m in ("stall_s", "durable_s", "restore_s", "restore_cold_s") if any(m in r for r in series)]
-        metrics += sorted({k for r in series for k in r if k.endswith("_s") and k not in metrics})
-        rows = [[size_label(r.get("size_mib")), str(r.get("side", DASH))] + [s(r.get(m)) for m in metrics]
-                for r in sorted(series, key=lambda r: (r.get("size_mib") if _is_num(r.get("size_mib")) else math.inf))]
-        parts.append(md_table(["state", "side"] + [m.removesuffix("_s").replace("_", " ") + " s" for m in metrics], rows))
+
+SAVE_OVERHEAD_KINDS = {"memory": "memory only", "persist": "due for persistence"}
+
+
+@renderer("save_overhead", "save_overhead.json",
+          pending="python benchmarks/save_overhead.py --json benchmarks/results/save_overhead.json")
+def render_save_overhead(doc: dict) -> str:
+    """``series``: one row per model size and kind of save, ``stall_ms`` / ``floor_ms`` as
+    ``{"median", "min", "max"}`` (or a number; ``*_s`` in seconds also read)."""
+
+    def ms(r: dict, name: str) -> dict:
+        for key, scale in ((f"{name}_ms", 1.0), (f"{name}_s", 1e3)):
+            v = r.get(key)
+            if isinstance(v, dict) and _is_num(v.get("median")):
+                return {k: v[k] * scale for k in ("median", "min", "max") if _is_num(v.get(k))}
+            if _is_num(v):
+                return {"median": v * scale}
+        return {}
+
+    def cell(f: dict) -> str:
+        if "median" not in f:
+            return DASH
+        spread = f" ({fixed(f['min'], 2)}–{fixed(f['max'], 2)})" if "min" in f and "max" in f else ""
+        return fixed(f["median"], 2) + spread
+
+    def params(x: Any) -> str:
+        if not _is_num(x):
+            return DASH
+        return f"{x / 1e6:.3g}M" if x >= 1e5 else short(x)
+
+    rows = []
+    for r in get(doc, "series", default=[]) or []:
+        if not isinstance(r, dict):
+            continue
+        stall, floor = ms(r, "stall"), ms(r, "floor")
+        fixed_cost = r.get("fixed_cost_ms")
+        if not _is_num(fixed_cost) and "median" in stall and "median" in floor:
+            fixed_cost = stall["median"] - floor["median"]
+        ratio = r.get("stall_vs_copy_floor")
+        if not _is_num(ratio) and "median" in stall and floor.get("median"):
+            ratio = stall["median"] / floor["median"]
+        state = r.get("state_bytes")
+        kind = str(r.get("kind", DASH))
+        rows.append([params(r.get("params")) if "params" in r else str(r.get("size", DASH)),
+                     f"{state / 2**20:.3g} MiB" if _is_num(state) else DASH, short(r.get("tensors")),
+                     SAVE_OVERHEAD_KINDS.get(kind, kind), short(r.get("n")), cell(stall), cell(floor),
+                     fixed(fixed_cost, 2), ratio2(ratio)])
+    parts = [md_table(["parameters", "state", "tensors", "save", "n", "stall ms, median (min–max)",
+                       "copy floor ms", "fixed cost ms (stall − floor)", "stall / floor"], rows)]
+    ratios, goals = get(doc, "ratios", default={}) or {}, get(doc, "goals", default={}) or {}
+    if goals:
+        out = []
+        for key in list(ratios) + [k for k in goals if k not in ratios]:
+            v, goal = ratios.get(key), goals.get(key)
+            if not _is_num(goal):
+                out.append([f"`{key}`", ratio2(v), DASH, DASH])
+                continue
+            ok = _is_num(v) and v <= goal
+            out.append([f"`{key}`", ratio2(v) if ok or not _is_num(v) else f"**{ratio2(v)}**", f"≤ {plain(goal)}",
+                        DASH if not _is_num(v) else ("met" if ok else "**missed**")])
+        parts.append(md_table(["ratio of medians", "value", "goal", "met"], out))
+    parts.append("Fixed cost: what a save's stall costs beyond copying the same tensors (a `copy_` into "
+                 "pre-touched tensors, interleaved with the saves); persist: a save due for persistence.")
     return "\n\n".join(parts)
 
 
@@ -388,9 +623,10 @@ def renderer_for(path: Path) -> Renderer | None:
     return REGISTRY.get(path.stem.split("-")[0])
 
 
-def render_file(path: Path) -> str | None:
-    """The Markdown for any result file that has a renderer (None when it has none)."""
-    r = renderer_for(path)
+def render_file(path: Path, name: str | None = None) -> str | None:
+    """The Markdown for any result file that has a renderer, or with renderer ``name``
+    (None when it has none)."""
+    r = REGISTRY.get(name) if name else renderer_for(path)
     return None if r is None else r.render(json.loads(path.read_text()))
 
 
@@ -444,55 +680,24 @@ def usable(panels: list[Panel]) -> tuple[list[Panel], list[str]]:
     return kept, skipped
 
 
-#: (side label, metric, section of sizes[<MiB>], key): the checkpoint series read from ``sizes``
-CHECKPOINT_SIDES = (
-    ("dlrover-core", "stall_s", "ours", "stall_s"), ("dlrover-core", "durable_s", "ours", "durable_s"),
-    ("dlrover-core", "restore_s", "ours", "restore_s"), ("dlrover-core", "restore_cold_s", "ours", "restore_cold_s"),
-    ("DLRover FCP", "stall_s", "dlrover", "save_memory_block_s"),
-    ("DLRover FCP", "durable_s", "dlrover", "commit_s"),
-    ("DLRover FCP", "restore_s", "dlrover", "restore_memory_s"),
-    ("DLRover FCP", "restore_cold_s", "dlrover", "restore_cold_s"),
-    ("torch.save / load", "stall_s", "peers", "save_s"), ("torch.save / load", "restore_s", "peers", "load_s"),
-    ("torch.save / load", "restore_cold_s", "peers", "restore_cold_s"),
-    ("DCP save", "stall_s", "peers", "dcp_save_s"),
-    ("DCP async_save", "stall_s", "peers", "dcp_async_save_block_s"),
-    ("DCP async_save", "durable_s", "peers", "dcp_async_save_total_s"),
-    ("floor", "stall_s", "peers", "memcpy_s"), ("floor", "durable_s", "ours", "write_fsync_s"),
-    ("floor", "restore_s", "peers", "memcpy_s"),
-)
-#: what a ``series`` entry may call a side -> the plot's name for it (one line per side)
-SIDE_ALIASES = {
-    "ours": "dlrover-core", "dlrover_core": "dlrover-core", "dlrover": "DLRover FCP", "dlrover_fcp": "DLRover FCP",
-    "dlrover fcp": "DLRover FCP", "torch_save": "torch.save / load", "torch.save": "torch.save / load",
-    "dcp": "DCP save", "dcp_save": "DCP save", "dcp_async_save": "DCP async_save", "dcp async_save": "DCP async_save",
-}
-CHECKPOINT_METRICS = {
-    "stall_s": "training stall of a save", "durable_s": "save → committed, fsynced",
-    "restore_s": "restore after a worker restart", "restore_cold_s": "restore from storage, cold",
+#: the checkpoint plot's panels: metric -> title
+CHECKPOINT_PLOT = {
+    "stall": "training stall of a save",
+    "durable": "save → committed, fsynced",
+    "restore_cold": "restore after a worker restart, cold",
 }
 
 
 @plot("checkpoint", "bench-checkpoint-sizes.png", "checkpoint.json", "checkpoint", "Flash Checkpoint vs state size")
 def plot_checkpoint(doc: dict) -> list[Panel]:
-    data: dict[str, dict[str, dict[float, float]]] = {m: {} for m in CHECKPOINT_METRICS}
-    for mib, at in (get(doc, "sizes", default={}) or {}).items():
-        try:
-            x = float(mib)
-        except ValueError:
-            continue
-        for side, metric, section, key in CHECKPOINT_SIDES:
-            v = get(at, section, key)
-            if _is_num(v) and (section != "dlrover" or get(at, "dlrover", "available", default=True)):
-                data[metric].setdefault(side, {})[x] = v
-    for r in _checkpoint_series(doc):  # the series, where present, has the last word
-        for metric, value in r.items():
-            if metric.endswith("_s") and _is_num(value) and _is_num(r.get("size_mib")):
-                side = str(r.get("side"))
-                side = SIDE_ALIASES.get(side.lower(), side)
-                data.setdefault(metric, {}).setdefault(side, {})[float(r["size_mib"])] = value
-    return [Panel(CHECKPOINT_METRICS.get(m, m), "state size (MiB)", "seconds",
-                  {side: list(pts.items()) for side, pts in sides.items()})
-            for m, sides in data.items() if sides]
+    labels = {k: label.replace(" {v}", "") for k, label in CKPT_COLUMNS}
+    data: dict[str, dict[str, list[tuple[float, float]]]] = {m: {} for m in CHECKPOINT_PLOT}
+    for r in _checkpoint_series(doc):
+        for metric in CHECKPOINT_PLOT:
+            if _is_num(r.get("size_mib")) and _is_num(r.get(f"{metric}_s")):
+                side = labels.get(r["side"], r["side"])
+                data[metric].setdefault(side, []).append((float(r["size_mib"]), r[f"{metric}_s"]))
+    return [Panel(CHECKPOINT_PLOT[m], "state size (MiB)", "seconds", sides) for m, sides in data.items() if sides]
 
 
 @plot("master_scale", "bench-master-scale.png", "master_scale.json", "master_scale", "job master vs agents")
@@ -547,7 +752,7 @@ def _median_of(v: Any) -> Any:
     return v.get("median") if isinstance(v, dict) else v
 
 
-@plot("save_overhead", "bench-save-overhead.png", "save_overhead.json", None, "per-save training stall vs parameters")
+@plot("save_overhead", "bench-save-overhead.png", "save_overhead.json", "save_overhead", "per-save training stall vs parameters")
 def plot_save_overhead(doc: dict) -> list[Panel]:
     # series: [{"params": 1.2e6, "kind": "memory", "stall_ms": {"median": ...}, "floor_ms": {...}, ...}, ...]
     rows = [r for r in get(doc, "series", default=[]) or [] if isinstance(r, dict) and _is_num(r.get("params"))]
@@ -653,11 +858,13 @@ def region(name: str, results: Path, readme: Path) -> str:
     """What goes between the markers of ``name``: its table(s), plots, and where they come from."""
     spec = REGISTRY[name]
     path = results / spec.file
+    generated = f"<!-- generated by benchmarks/tables.py from {_shown(path, readme)}: edit the JSON, not this table -->"
+    if not path.exists() and spec.pending:
+        return f"{generated}\n\nNo results yet: `{_shown(path, readme)}` is written by `{spec.pending}`."
     doc = json.loads(path.read_text())
     command = doc.get("command") if isinstance(doc, dict) else None
     source = f"`{_shown(path, readme)}`, written by `{command}`" if command else f"`{_shown(path, readme)}` (command not recorded)"
-    parts = [f"<!-- generated by benchmarks/tables.py from {_shown(path, readme)}: edit the JSON, not this table -->",
-             spec.render(doc)]
+    parts = [generated, spec.render(doc)]
     for pname, p in PLOTS.items():
         if p.region == name and p.file == spec.file and plot_panels(pname, results)[0]:
             parts.append(f"![{p.title}](docs/{p.png})")
@@ -677,7 +884,7 @@ def regenerate(text: str, results: Path, readme: Path) -> tuple[str, list[str]]:
         if len(pattern.findall(text)) != 1:
             problems.append(f"README: expected one <!-- bench:{name} --> ... <!-- /bench:{name} --> region")
             continue
-        if not (results / spec.file).exists():
+        if not (results / spec.file).exists() and not spec.pending:
             problems.append(f"{results / spec.file}: not found (region {name!r} left as it is)")
             continue
         body = region(name, results, readme)
@@ -694,11 +901,13 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--check", action="store_true", help="exit 1 when README is not what the JSON gives; write nothing")
     mode.add_argument("--plots", action="store_true", help="write one PNG per series into --docs (needs matplotlib)")
     mode.add_argument("--print", dest="show", metavar="FILE", type=Path, help="print the table(s) of one result file")
+    p.add_argument("--as", dest="as_name", metavar="NAME", choices=sorted(REGISTRY),
+                   help="with --print: render FILE as this region (a result file under another name)")
     a = p.parse_args(argv)
     if a.plots:
         return write_plots(a.results, a.docs)
     if a.show:
-        out = render_file(a.show)
+        out = render_file(a.show, a.as_name)
         if out is None:
             print(f"{a.show}: no renderer (known: {', '.join(r.file for r in REGISTRY.values())})", file=sys.stderr)
             return 2

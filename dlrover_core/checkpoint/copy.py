@@ -34,17 +34,39 @@ def _get_pool() -> ThreadPoolExecutor:
 
 
 def copy_all(pairs: list[tuple[Any, Any]]) -> None:
-    """Copy each ``(dst, src)`` pair of same-size 1-D uint8 numpy arrays."""
+    """Copy each ``(dst, src)`` pair of numpy arrays of the same shape and dtype.
+
+    Below ``2 * _CHUNK`` bytes in all, in this thread; else in tasks of about ``_CHUNK``
+    bytes across the pool: a large contiguous pair is split, small pairs are grouped (a task
+    per small tensor cost more than its copy)."""
     import numpy as np  # heavy: numpy
 
     total = sum(src.nbytes for _, src in pairs)
     if total < 2 * _CHUNK or _threads() == 1:
-        for dst, src in pairs:
-            np.copyto(dst, src)
+        _copy_group(pairs)
         return
-    chunks = []
+    tasks: list[list[tuple[Any, Any]]] = []
+    group: list[tuple[Any, Any]] = []
+    group_bytes = 0
     for dst, src in pairs:
-        for begin in range(0, src.nbytes, _CHUNK):
-            chunks.append((dst[begin : begin + _CHUNK], src[begin : begin + _CHUNK]))
-    for future in [_get_pool().submit(np.copyto, d, s) for d, s in chunks]:
+        if src.nbytes > _CHUNK and dst.flags.c_contiguous and src.flags.c_contiguous:
+            d, s = dst.reshape(-1).view(np.uint8), src.reshape(-1).view(np.uint8)  # views, no copy
+            tasks.extend([(d[begin : begin + _CHUNK], s[begin : begin + _CHUNK])]
+                         for begin in range(0, s.nbytes, _CHUNK))
+            continue
+        group.append((dst, src))
+        group_bytes += src.nbytes
+        if group_bytes >= _CHUNK:
+            tasks.append(group)
+            group, group_bytes = [], 0
+    if group:
+        tasks.append(group)
+    for future in [_get_pool().submit(_copy_group, task) for task in tasks]:
         future.result()
+
+
+def _copy_group(pairs: list[tuple[Any, Any]]) -> None:
+    import numpy as np  # heavy: numpy
+
+    for dst, src in pairs:
+        np.copyto(dst, src)

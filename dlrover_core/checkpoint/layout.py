@@ -15,6 +15,12 @@ dtype, shape and ``data_offsets``; under ``__metadata__``:
 
 The same layout serves the shared-memory snapshot (the region is copied into the slot) and
 the file persisted from it (header + the region, verbatim), so persisting is one write.
+
+What depends only on the tensors' keys, dtypes and shapes — the order, the offsets, the
+tensor table of the header — is a :class:`LayoutPlan`. A training loop saves the same
+tensors step after step, so :func:`build_layout` takes the previous save's plan and reuses
+it when the tensors match (compared on every save); then only the tree of the rest is
+encoded again. The bytes are those a fresh plan gives.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from dlrover_core.checkpoint.copy import copy_all
 from dlrover_core.checkpoint.state_format import flatten, unflatten
 from dlrover_core.errors import CheckpointError
 
-__all__ = ["FORMAT_VERSION", "Layout", "build_layout", "parse_header", "tensor_views"]
+__all__ = ["FORMAT_VERSION", "CopyTargets", "Layout", "LayoutPlan", "build_layout", "parse_header", "tensor_views"]
 
 FORMAT_VERSION = "dlrover-state/1"
 TREE_KEY = "dlrover_state"
@@ -56,47 +62,143 @@ def _dtype_names() -> dict[Any, str]:
 
 
 @attrs.frozen(kw_only=True, eq=False)
+class LayoutPlan:
+    """Where a state's tensors go: what a :class:`Layout` takes from its tensors' keys,
+    dtypes and shapes alone. Reused by the next save whose tensors have the same
+    ``signature``; never mutated.
+
+    Attributes:
+        signature: per tensor, in the state's order: ``(key, dtype, shape, offsets)``
+            (``offsets``: a DTensor's global offsets, else ``None``).
+        order: indices of the state's tensors in data order.
+        entries: the safetensors tensor table, in data order.
+        data_len: bytes of the packed region.
+        sharding, dtensors: the JSON of ``DCP_SHARDING_INFO`` and ``dlrover_dtensors``.
+        header_prefix: the header's JSON before the metadata object:
+            ``{<entries>,"__metadata__":``.
+    """
+
+    signature: tuple[tuple[Any, ...], ...]
+    order: tuple[int, ...]
+    entries: dict[str, dict[str, Any]]
+    data_len: int
+    sharding: str
+    dtensors: str
+    header_prefix: bytes
+
+
+#: tensors with fewer elements than this are copied by one torch call for all of them (torch
+#: copies such a tensor in the calling thread: its OpenMP threads start at 32768 elements,
+#: ``at::internal::GRAIN_SIZE``, and wait for each other on shared cores); larger ones by
+#: numpy (:mod:`.copy`)
+_SMALL_NUMEL = 32768
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class CopyTargets:
+    """Where :meth:`Layout.copy_into` copies each source (indices into ``sources``), as
+    views of one buffer.
+
+    Attributes:
+        small: sources under ``_SMALL_NUMEL`` elements, copied together by torch.
+        small_views: torch views of their places, typed and shaped like them.
+        large: ``(index, numpy view, torch view, as_bytes)`` of the others: the numpy view
+            is typed and shaped like the source, or its bytes (``as_bytes``) where numpy has
+            no such dtype.
+    """
+
+    small: tuple[int, ...]
+    small_views: list[Any]
+    large: tuple[tuple[int, Any, Any, bool], ...]
+
+
+def _foreach_copy(dst: list[Any], src: list[Any]) -> None:
+    """``dst[i].copy_(src[i])`` for every ``i``: in one call for CPU sources (where torch
+    has ``_foreach_copy_``), else one by one (device to host)."""
+    import torch  # heavy: torch
+
+    foreach = getattr(torch, "_foreach_copy_", None)
+    if foreach is not None and all(s.is_cpu for s in src):
+        foreach(dst, src)
+        return
+    for d, s in zip(dst, src, strict=True):
+        d.copy_(s)
+
+
+@attrs.frozen(kw_only=True, eq=False)
 class Layout:
     """A rank's state, planned: safetensors ``entries`` (in data order), ``metadata``, the
-    region size, and the source tensors to copy (local pieces, in data order)."""
+    region size, the source tensors to copy (local pieces, in data order), and the ``plan``
+    they came from (``None`` for a layout made by hand)."""
 
     entries: dict[str, dict[str, Any]]
     metadata: dict[str, str]
     data_len: int
     sources: tuple[tuple[str, Any], ...]
+    plan: LayoutPlan | None = None
 
     def header_bytes(self) -> bytes:
         """The safetensors header: 8-byte little-endian length, then JSON padded to 8 bytes."""
-        text = json.dumps({**self.entries, "__metadata__": self.metadata}, separators=(",", ":")).encode()
+        if self.plan is not None:  # the tensor table is encoded once per plan: the same bytes
+            text = self.plan.header_prefix + json.dumps(self.metadata, separators=(",", ":")).encode() + b"}"
+        else:
+            text = json.dumps({**self.entries, "__metadata__": self.metadata}, separators=(",", ":")).encode()
         text += b" " * (-len(text) % 8)
         return struct.pack("<Q", len(text)) + text
 
-    def copy_into(self, buffer: Any, offset: int) -> None:
-        """Copy every tensor's bytes into ``buffer`` (a writable buffer) at ``offset``.
-
-        CPU tensors are copied by :func:`~dlrover_core.checkpoint.copy.copy_all` (numpy,
-        chunks across a few threads); accelerator tensors by torch (device to host)."""
+    def targets(self, buffer: Any, offset: int) -> CopyTargets:
+        """Views of ``buffer`` at ``offset`` that :meth:`copy_into` copies the sources into.
+        They depend only on the plan: a writer keeps them for its buffer and passes them to
+        every save with the same :attr:`plan` (making them is a good part of a small
+        state's save)."""
         import numpy as np  # heavy: numpy
         import torch  # heavy: torch
 
-
-        if self.data_len == 0:
-            return
         region = np.frombuffer(buffer, dtype=np.uint8, count=self.data_len, offset=offset)
-        region_t = None
-        pairs = []
-        for key, src in self.sources:
+        region_t = torch.from_numpy(region)
+        small, small_views, large = [], [], []
+        for index, (key, src) in enumerate(self.sources):
             begin, end = self.entries[key]["data_offsets"]
             if end == begin:
                 continue
-            flat = src.reshape(-1).view(torch.uint8)
-            if flat.device.type == "cpu":
-                pairs.append((region[begin:end], flat.numpy()))
-            else:
-                if region_t is None:
-                    region_t = torch.from_numpy(region)
-                region_t[begin:end].copy_(flat)
-        copy_all(pairs)
+            view = region_t[begin:end].view(src.dtype).view(src.shape)
+            if src.numel() < _SMALL_NUMEL:
+                small.append(index)
+                small_views.append(view)
+                continue
+            dtype = _numpy_dtype(src.dtype)
+            array = region[begin:end] if dtype is None else region[begin:end].view(dtype).reshape(tuple(src.shape))
+            large.append((index, array, view, dtype is None))
+        return CopyTargets(small=tuple(small), small_views=small_views, large=tuple(large))
+
+    def copy_into(self, buffer: Any, offset: int, targets: CopyTargets | None = None) -> None:
+        """Copy every tensor's bytes into ``buffer`` (a writable buffer) at ``offset``.
+
+        CPU tensors under ``_SMALL_NUMEL`` elements are copied by one torch call for them
+        all (``_foreach_copy_``), accelerator ones one by one; larger CPU tensors by
+        :func:`~dlrover_core.checkpoint.copy.copy_all` (numpy, chunks across a few threads),
+        larger accelerator tensors by torch. ``targets``: what :meth:`targets` gave for
+        this buffer, offset and plan."""
+        import torch  # heavy: torch
+
+        if self.data_len == 0:
+            return
+        if targets is None:
+            targets = self.targets(buffer, offset)
+        sources = self.sources
+        with torch.no_grad():
+            if targets.small:
+                _foreach_copy(targets.small_views, [sources[i][1] for i in targets.small])
+            pairs = []
+            for index, array, view, as_bytes in targets.large:
+                src = sources[index][1]
+                if not src.is_cpu:
+                    view.copy_(src)  # device to host
+                elif as_bytes:  # bfloat16, float8: numpy has no such dtype
+                    pairs.append((array, src.reshape(-1).view(torch.uint8).numpy()))
+                else:
+                    pairs.append((array, src.numpy()))
+            copy_all(pairs)
 
     def write_to(self, f: Any) -> None:
         """Write the whole file (header, then each tensor's bytes) to a binary stream."""
@@ -108,54 +210,92 @@ class Layout:
                 f.write(memoryview(src.reshape(-1).view(torch.uint8).cpu().numpy()))
 
 
-def build_layout(state: Any, *, step: int, rank: int, world_size: int) -> Layout:
-    """Plan ``state`` (nothing is copied). Raises CheckpointError for unsupported values."""
+_NUMPY_DTYPES: dict[Any, Any] = {}
+
+
+def _numpy_dtype(dtype: Any) -> Any:
+    """numpy's dtype for a torch dtype, or ``None`` where numpy has none (bfloat16, float8)."""
+    try:
+        return _NUMPY_DTYPES[dtype]
+    except KeyError:
+        import torch  # heavy: torch
+
+        try:
+            found = torch.empty(0, dtype=dtype).numpy().dtype
+        except (TypeError, RuntimeError):
+            found = None
+        return _NUMPY_DTYPES.setdefault(dtype, found)
+
+
+def build_layout(state: Any, *, step: int, rank: int, world_size: int, plan: LayoutPlan | None = None) -> Layout:
+    """Plan ``state`` (nothing is copied). Raises CheckpointError for unsupported values.
+
+    ``plan``: an earlier layout's :attr:`Layout.plan`; used when this state's tensors have
+    the same keys, dtypes, shapes (and DTensor offsets) — checked here — else a new plan
+    is made."""
     import numpy as np  # heavy: numpy
     import torch  # heavy: torch
 
-    names = _dtype_names()
     # a DTensor can only exist if its module was imported: do not pay for importing it
     DTensor = getattr(sys.modules.get("torch.distributed.tensor"), "DTensor", None)
 
     tree, leaves = flatten(state)
-    planned = []
-    dtensor_keys = []
-    for index, (key, leaf) in enumerate(leaves.items()):
+    locals_ = []
+    signature = []
+    for key, leaf in leaves.items():
+        offsets = None
         if isinstance(leaf, np.ndarray):
             local = torch.from_numpy(np.ascontiguousarray(leaf))
-            offsets = [0] * local.dim()
         elif DTensor is not None and isinstance(leaf, DTensor):
             from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # heavy: torch
 
             local = leaf.to_local()
-            _, offsets = compute_local_shape_and_global_offset(leaf.shape, leaf.device_mesh, leaf.placements)
-            offsets = list(offsets)
-            dtensor_keys.append(key)
+            _, global_offsets = compute_local_shape_and_global_offset(leaf.shape, leaf.device_mesh, leaf.placements)
+            offsets = tuple(int(o) for o in global_offsets)
         else:
             local = leaf
-            offsets = [0] * local.dim()
-        if local.dtype not in names:
-            raise CheckpointError(f"cannot checkpoint {key}: dtype {local.dtype} has no safetensors name")
-        planned.append((-local.element_size(), index, key, local, offsets))
-    planned.sort(key=lambda p: (p[0], p[1]))
-    entries: dict[str, dict[str, Any]] = {}
-    sharding: dict[str, dict[str, list[int]]] = {}
-    sources = []
-    pos = 0
-    for _, _, key, local, offsets in planned:
-        nbytes = local.numel() * local.element_size()
-        entries[key] = {"dtype": names[local.dtype], "shape": list(local.shape), "data_offsets": [pos, pos + nbytes]}
-        sharding[key] = {"saved_offsets": [int(o) for o in offsets]}
-        sources.append((key, local))
-        pos += nbytes
+        locals_.append(local)
+        signature.append((key, local.dtype, local.shape, offsets))
+    if plan is None or plan.signature != tuple(signature):
+        plan = _plan(tuple(signature))
     metadata = {
         "format": FORMAT_VERSION,
         TREE_KEY: json.dumps(tree, separators=(",", ":")),
         "step": str(step), "rank": str(rank), "world_size": str(world_size),
-        SHARDING_KEY: json.dumps(sharding, separators=(",", ":")),
-        DTENSORS_KEY: json.dumps(dtensor_keys),
+        SHARDING_KEY: plan.sharding,
+        DTENSORS_KEY: plan.dtensors,
     }
-    return Layout(entries=entries, metadata=metadata, data_len=pos, sources=tuple(sources))
+    sources = tuple((signature[i][0], locals_[i]) for i in plan.order)
+    return Layout(entries=plan.entries, metadata=metadata, data_len=plan.data_len, sources=sources, plan=plan)
+
+
+def _plan(signature: tuple[tuple[Any, ...], ...]) -> LayoutPlan:
+    """The plan of tensors with this signature: ordered by element size, largest first
+    (then in the state's order), packed."""
+    names = _dtype_names()
+    planned = []
+    for index, (key, dtype, _, _) in enumerate(signature):
+        if dtype not in names:
+            raise CheckpointError(f"cannot checkpoint {key}: dtype {dtype} has no safetensors name")
+        planned.append((-dtype.itemsize, index))
+    planned.sort()
+    entries: dict[str, dict[str, Any]] = {}
+    sharding: dict[str, dict[str, list[int]]] = {}
+    dtensor_keys = [key for key, _, _, offsets in signature if offsets is not None]
+    pos = 0
+    for neg_size, index in planned:
+        key, dtype, shape, offsets = signature[index]
+        nbytes = -neg_size
+        for n in shape:
+            nbytes *= n
+        entries[key] = {"dtype": names[dtype], "shape": list(shape), "data_offsets": [pos, pos + nbytes]}
+        sharding[key] = {"saved_offsets": list(offsets) if offsets is not None else [0] * len(shape)}
+        pos += nbytes
+    head = json.dumps(entries, separators=(",", ":"))
+    prefix = (head[:-1] + ',"__metadata__":') if entries else '{"__metadata__":'
+    return LayoutPlan(signature=signature, order=tuple(index for _, index in planned), entries=entries,
+                      data_len=pos, sharding=json.dumps(sharding, separators=(",", ":")),
+                      dtensors=json.dumps(dtensor_keys), header_prefix=prefix.encode())
 
 
 def parse_header(buffer: Any, *, with_data: bool = True) -> tuple[dict[str, dict[str, Any]], dict[str, str], int]:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from dlrover_core.checkpoint.layout import Layout, parse_header, tensor_views
+from dlrover_core.checkpoint.layout import CopyTargets, Layout, parse_header, tensor_views
 from dlrover_core.checkpoint.shm import (
     FLAG_PERSIST,
     HEADER_SIZE,
@@ -81,6 +81,23 @@ class MemorySnapshots:
             self.slots.append(slot)
         headers = [h for h in (slot.header() for slot in self.slots) if h is not None]
         self._seq = max((h.seq for h in headers), default=0)
+        # per slot: the views a save copies into, for one mapping, data offset and plan
+        self._targets: dict[int, tuple[Any, int, Any, CopyTargets]] = {}
+
+    def _targets_for(self, index: int, layout: Layout, data_off: int) -> CopyTargets:
+        """The views of slot ``index`` that ``layout``'s tensors are copied into: made once
+        per mapping, data offset and layout plan, then reused (making views of 259 tensors
+        costs about what copying a 1M-parameter state does)."""
+        slot = self.slots[index]
+        cached = self._targets.get(index)
+        if (cached is not None and cached[0] is slot.mm and cached[1] == data_off and layout.plan is not None
+                and cached[2] is layout.plan):
+            return cached[3]
+        self._targets.pop(index, None)
+        targets = layout.targets(slot.mm, data_off)
+        if layout.plan is not None:
+            self._targets[index] = (slot.mm, data_off, layout.plan, targets)
+        return targets
 
     def _live(self) -> list[tuple[SnapshotSlot, SlotHeader]]:
         out = []
@@ -148,12 +165,15 @@ class MemorySnapshots:
         slot = self._lock_free_slot(wait=persist)
         if slot is None:
             return False
+        index = self.slots.index(slot)
         try:
+            if slot.size < needed:  # the mapping changes: let go of the views of the old one
+                self._targets.pop(index, None)
             slot.ensure_size(needed)
             slot.begin_write()
             assert slot.mm is not None
             slot.mm[HEADER_SIZE : HEADER_SIZE + len(meta)] = meta
-            layout.copy_into(slot.mm, data_off)
+            layout.copy_into(slot.mm, data_off, self._targets_for(index, layout, data_off))
             self._seq += 1
             slot.publish(flags=FLAG_PERSIST if persist else 0, step=step, seq=self._seq, world_size=world_size,
                          rank=self.rank, layout_len=len(meta), data_off=data_off, data_len=layout.data_len,
@@ -209,5 +229,6 @@ class MemorySnapshots:
                     slot.abandon()
 
     def close(self) -> None:
+        self._targets.clear()  # views of the mappings: they would keep them open
         for slot in self.slots:
             slot.close()

@@ -22,53 +22,69 @@ from dlrover_core.errors import CheckpointError
 
 __all__ = ["flatten", "unflatten"]
 
+#: values a tree keeps as they are, without a walk (exact types: a subclass, e.g. an IntEnum,
+#: or numpy's float64, is walked)
+_PLAIN = frozenset({int, float, str, bool, type(None)})
+
 
 def flatten(state: Any) -> tuple[Any, dict[str, Any]]:
     """``(json_tree, {key: leaf})``; leaves are the caller's tensors (or numpy arrays)."""
-    import numpy as np  # heavy: numpy
-    import torch  # heavy: torch
+    walker = _Walker()
+    return walker.walk(state, ""), walker.leaves
 
-    leaves: dict[str, Any] = {}
 
-    def key_for(path: str) -> str:
+class _Walker:
+    """One :func:`flatten`. (A class, not nested functions: a recursive closure is a
+    reference cycle, which kept ``leaves``, a tensor object per leaf, alive until the next
+    garbage collection.)"""
+
+    def __init__(self) -> None:
+        import numpy as np  # heavy: numpy
+        import torch  # heavy: torch
+
+        self.leaves: dict[str, Any] = {}
+        self._tensor, self._ndarray, self._generic = torch.Tensor, np.ndarray, np.generic
+
+    def key_for(self, path: str) -> str:
         key, n = path or "_", 1
-        while key in leaves:
+        while key in self.leaves:
             n += 1
             key = f"{path}~{n}"
         return key
 
-    def walk(obj: Any, path: str) -> Any:
-        if isinstance(obj, torch.Tensor):
-            key = key_for(path)
-            leaves[key] = obj.detach()
+    def walk(self, obj: Any, path: str) -> Any:
+        if isinstance(obj, self._tensor):
+            key = self.key_for(path)
+            # (a tensor that does not require grad has no autograd history to cut off: it
+            # is its own detached alias, without a new tensor object per leaf and save)
+            self.leaves[key] = obj.detach() if obj.requires_grad else obj
             return {"__tensor__": key}
-        if isinstance(obj, np.ndarray):
-            key = key_for(path)
-            leaves[key] = obj
+        if isinstance(obj, self._ndarray):
+            key = self.key_for(path)
+            self.leaves[key] = obj
             return {"__ndarray__": key}
-        if isinstance(obj, np.generic):
+        if isinstance(obj, self._generic):
             return obj.item()
         if obj is None or isinstance(obj, (bool, int, float, str)):
             return obj
+        walk = self.walk
         if isinstance(obj, dict):
             items = []
             for k, v in obj.items():
                 if not (k is None or isinstance(k, (str, int, float, bool))):
                     raise CheckpointError(f"state key {k!r} at {path or '/'} has type {type(k).__name__}; use str or int keys")
-                items.append([k, walk(v, f"{path}/{k}" if path else str(k))])
+                # a plain value is its own tree: no walk (nor its path) for each of them
+                items.append([k, v if type(v) in _PLAIN else walk(v, f"{path}/{k}" if path else str(k))])
             return {"__dict__": items}
-        if isinstance(obj, tuple):
-            return {"__tuple__": [walk(v, f"{path}/{i}") for i, v in enumerate(obj)]}
-        if isinstance(obj, list):
-            return [walk(v, f"{path}/{i}") for i, v in enumerate(obj)]
+        if isinstance(obj, (tuple, list)):  # (Python's RNG state: 625 ints)
+            items = [v if type(v) in _PLAIN else walk(v, f"{path}/{i}") for i, v in enumerate(obj)]
+            return {"__tuple__": items} if isinstance(obj, tuple) else items
         if hasattr(obj, "state_dict") and callable(obj.state_dict):
             return walk(unwrap_module(obj).state_dict(), path)
         raise CheckpointError(
             f"cannot checkpoint {path or 'state'}: type {type(obj).__module__}.{type(obj).__qualname__} "
             "is not a tensor, array, number, string, None, dict, list, tuple or object with state_dict()"
         )
-
-    return walk(state, ""), leaves
 
 
 def unwrap_module(obj: Any) -> Any:

@@ -560,7 +560,7 @@ def render_save_overhead(doc: dict) -> str:
         state = r.get("state_bytes")
         kind = str(r.get("kind", DASH))
         rows.append([params(r.get("params")) if "params" in r else str(r.get("size", DASH)),
-                     f"{state / 2**20:.3g} MiB" if _is_num(state) else DASH, short(r.get("tensors")),
+                     (f"{state / 2**20:,.0f} MiB" if state >= 2**30 else f"{state / 2**20:.3g} MiB") if _is_num(state) else DASH, short(r.get("tensors")),
                      SAVE_OVERHEAD_KINDS.get(kind, kind), short(r.get("n")), cell(stall), cell(floor),
                      fixed(fixed_cost, 2), ratio2(ratio)])
     parts = [md_table(["parameters", "state", "tensors", "save", "n", "stall ms, median (min–max)",

@@ -64,6 +64,7 @@ sys.path.insert(0, str(HERE))
 import checkpoint_peers  # noqa: E402
 import dlrover_peer  # noqa: E402
 from _ckpt_common import DiskFloor, add_stats, byte_views, prewarm_copies, summary  # noqa: E402
+from _results import write_result  # noqa: E402  (benchmarks/ is the script's directory)
 
 from dlrover_core import Checkpoint, Failure, Job, JobState  # noqa: E402
 
@@ -428,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(doc, indent=2))
+        write_result(a.json, doc)
     if leftovers:
         console.print(f"[red]/dev/shm segments left behind: {leftovers}[/red]")
     console.print(f"done in {doc['wall_s']} s" + (f"; JSON in {a.json}" if a.json else ""))

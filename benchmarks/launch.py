@@ -44,6 +44,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _results import write_result  # noqa: E402  (benchmarks/ is the script's directory)
+
 FIRST_LINE = "import time; print('FIRST_LINE', repr(time.time()), flush=True)\n"
 #: The second script: the first line, then what a training script does first: import torch,
 #: join the process group (env://, the launcher's store) and all-reduce once.
@@ -136,7 +138,7 @@ def main() -> int:
     }
     print(json.dumps(result["ratios"], indent=2))
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        write_result(args.json, result)
     return 0
 
 

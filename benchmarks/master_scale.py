@@ -119,6 +119,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from _results import write_result  # noqa: E402  (benchmarks/ is the script's directory)
 from rich.console import Console
 from rich.table import Table
 
@@ -1022,7 +1023,7 @@ def main(argv: list[str] | None = None) -> int:
             "total_s": round(total_s, 1),
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(_no_nan(out), indent=2, default=str) + "\n")
+        write_result(args.json, _no_nan(out), default=str)
     return 0
 
 

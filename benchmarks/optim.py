@@ -65,7 +65,6 @@ of best validation loss and steps to the target (``summary``) and of step times 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -84,6 +83,7 @@ from rich.table import Table
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "examples" / "charlm"))
 
+from _results import write_result  # noqa: E402  (benchmarks/ is the script's directory)
 from data import WindowSampler, load_corpus, val_batches  # noqa: E402
 from model import CharLM, loss_fn  # noqa: E402
 
@@ -552,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(doc, console)
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(doc, indent=2))
+        write_result(a.json, doc)
     console.print(f"done in {doc['wall_s']} s" + (f"; JSON in {a.json}" if a.json else ""))
     return 0
 

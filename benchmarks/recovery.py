@@ -183,6 +183,7 @@ from _recovery_common import (  # noqa: E402
     torchrun_breakdown,
     torchrun_records,
 )
+from _results import write_result  # noqa: E402  (benchmarks/ is the script's directory)
 
 from dlrover_core import Checkpoint, Failure, Job, Nodes  # noqa: E402
 from dlrover_core.errors import DLRoverError  # noqa: E402
@@ -1335,7 +1336,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(doc, indent=2, default=str))
+        write_result(a.json, doc, default=str)
     console.print(f"done in {doc['wall_s']} s" + (f"; JSON in {a.json}" if a.json else "")
                   + (f"; [red]left behind: {left}[/red]" if left else "") + (f"; [red]left in /dev/shm: {shm_new}[/red]" if shm_new else ""))
     return 0

@@ -36,6 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from _results import write_result  # noqa: E402  (benchmarks/ is the script's directory)
 from rich.console import Console
 from rich.table import Table
 
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(doc, indent=2))
+        write_result(a.json, doc)
     console.print(f"done in {doc['wall_s']} s" + (f"; JSON in {a.json}" if a.json else ""))
     return 0
 

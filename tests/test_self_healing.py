@@ -156,8 +156,10 @@ def test_scale_down_then_up_uses_every_sample_exactly_once(tmp_path):
 @pytest.mark.timeout(240)
 def test_killed_master_comes_back_from_its_journal(tmp_path):
     """SIGKILL the master: the local scheduler starts it again, it resumes its node table and
-    round from the journal, agents reconnect, and the job finishes without a restart."""
-    run = job(tmp_path, "tiny_train.py", "--steps", "60", "--step-sleep", "0.1").submit()
+    round from the journal, agents reconnect, and the job finishes without a restart. (The
+    agents wait for it up to the heartbeat timeout, then give up: it is longer than a
+    master's restart here, a second of backoff plus its start.)"""
+    run = job(tmp_path, "tiny_train.py", "--steps", "60", "--step-sleep", "0.1", heartbeat_timeout_s=10.0).submit()
     wait_step(run, 10)
     handle = json.loads((Path(run.handle.log_dir) / "handle.json").read_text())
     os.kill(handle["master_pid"], signal.SIGKILL)

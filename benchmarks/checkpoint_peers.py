@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import mmap
 import os
 import shlex
 import shutil
@@ -40,6 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _ckpt_common import DiskFloor, add_stats, byte_views, digest, fsync_dir, prewarm_copies  # noqa: E402
+from _shared import shm_tensor, wait_async_save  # noqa: E402
 
 # ---------------------------------------------------------------- helpers
 
@@ -133,15 +133,7 @@ def _shm_tensor(nbytes: int) -> torch.Tensor | None:
     when the tensor does."""
     if not os.path.isdir("/dev/shm"):
         return None
-    path = f"/dev/shm/ckpt-peers-{os.getpid()}-{time.monotonic_ns()}"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.unlink(path)
-        os.ftruncate(fd, nbytes)
-        buf = torch.frombuffer(mmap.mmap(fd, nbytes), dtype=torch.uint8)
-    finally:
-        os.close(fd)
-    return buf.zero_()
+    return shm_tensor(nbytes, "/dev/shm", "ckpt-peers")
 
 
 def _copy_methods(srcs: list[torch.Tensor], dst: torch.Tensor, reps: int) -> dict[str, list[float]]:
@@ -405,14 +397,7 @@ def measure_dcp(state: dict[str, torch.Tensor], workdir: Path, reps: int,
                     t0 = time.perf_counter()
                     response = dcp.async_save(state, checkpoint_id=fresh_dir(), no_dist=no_dist, **kwargs)
                     t1 = time.perf_counter()
-                    if hasattr(response, "staging_completion"):  # AsyncSaveResponse (async staging)
-                        response.staging_completion.result(timeout=600)
-                        t2 = time.perf_counter()
-                        response.upload_completion.result(timeout=600)
-                    else:
-                        t2 = t1
-                        response.result(timeout=600)
-                    t3 = time.perf_counter()
+                    t2, t3 = wait_async_save(response, t1)
                     if i:
                         call.append(t1 - t0)
                         block.append(t2 - t0)

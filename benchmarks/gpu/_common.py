@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.append(str(REPO / "benchmarks"))  # benchmarks/_shared.py, shared with the CPU benchmarks
 
 #: the name prefix of everything this benchmark puts in /dev/shm (run.sh removes leftovers)
 SHM_PREFIX = "dlrover-gpubench"

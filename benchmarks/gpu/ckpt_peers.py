@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import _common as c
+from _shared import wait_async_save
 
 
 def _fsync(path: Path) -> None:
@@ -135,14 +136,7 @@ def _dcp(tensors: dict[str, Any], d: Path, reps: int, device: str, options: Any 
             kwargs = {"async_stager": stager} if stager is not None else {}
             response = dcp.async_save(tensors, checkpoint_id=str(target), no_dist=True, **kwargs)
             t1 = time.perf_counter()
-            if hasattr(response, "staging_completion"):
-                response.staging_completion.result(timeout=600)
-                t_staged = time.perf_counter()
-                response.upload_completion.result(timeout=600)
-            else:
-                t_staged = t1
-                response.result(timeout=600)
-            t2 = time.perf_counter()
+            t_staged, t2 = wait_async_save(response, t1)
             if i:
                 block.append(t1 - t0)
                 staging.append(t_staged - t0)

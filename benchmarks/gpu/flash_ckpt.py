@@ -53,7 +53,6 @@ from __future__ import annotations
 
 import gc
 import json
-import mmap
 import os
 import shutil
 import sys
@@ -62,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 import _common as c
+from _shared import shm_tensor
 
 GOAL = 0.80
 
@@ -69,17 +69,7 @@ GOAL = 0.80
 def _shm_tensor(nbytes: int) -> Any:
     """A pre-touched uint8 tensor over a mapping of a /dev/shm file that is unlinked at once
     (nothing can be left behind; the memory goes with the tensor)."""
-    import torch  # heavy: torch
-
-    path = c.shm_dir() / f"{c.SHM_PREFIX}-floor-{os.getpid()}-{time.monotonic_ns()}"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.unlink(path)
-        os.ftruncate(fd, nbytes)
-        buf = torch.frombuffer(mmap.mmap(fd, nbytes), dtype=torch.uint8)
-    finally:
-        os.close(fd)
-    return buf.fill_(0)
+    return shm_tensor(nbytes, c.shm_dir(), f"{c.SHM_PREFIX}-floor")
 
 
 class _InProcessMaster:

@@ -228,3 +228,18 @@ def test_a_save_pauses_garbage_collection_and_gives_it_back_as_it_was(enabled):
         assert gc.isenabled() is enabled
     finally:
         gc.enable() if was else gc.disable()
+
+
+def test_prestart_spawns_the_copy_threads_before_the_first_copy(monkeypatch):
+    """A restarted worker's first restore must not wait for the copy threads to spawn."""
+    import threading
+
+    from dlrover_core.checkpoint import copy as copy_mod
+
+    monkeypatch.setattr(copy_mod, "_pool", None)
+    monkeypatch.setattr(copy_mod, "_threads", lambda: 2)
+    before = {t.ident for t in threading.enumerate()}
+    copy_mod.prestart()
+    new = [t.name for t in threading.enumerate() if t.ident not in before]
+    assert len(new) == 2 and all(name.startswith("dlrover-copy") for name in new), new
+    copy_mod._pool.shutdown()

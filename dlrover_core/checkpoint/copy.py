@@ -13,7 +13,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-__all__ = ["copy_all"]
+__all__ = ["copy_all", "prestart"]
 
 _CHUNK = 16 * 2**20
 _pool: ThreadPoolExecutor | None = None
@@ -31,6 +31,17 @@ def _get_pool() -> ThreadPoolExecutor:
         if _pool is None:
             _pool = ThreadPoolExecutor(_threads(), thread_name_prefix="dlrover-copy")
         return _pool
+
+
+def prestart() -> None:
+    """Start the copy threads now (a checkpointer's construction), so that the first
+    restore of a restarted process does not wait for them to spawn (measured ~6 ms)."""
+    n = _threads()
+    if n > 1:
+        pool = _get_pool()
+        barrier = threading.Barrier(n)  # each task holds its thread until all n run: n threads
+        for future in [pool.submit(barrier.wait, 5.0) for _ in range(n)]:
+            future.result()
 
 
 def copy_all(pairs: list[tuple[Any, Any]]) -> None:

@@ -56,6 +56,7 @@ import attrs
 
 from dlrover_core import env
 from dlrover_core.checkpoint.commit import retain, tidy, write_commit
+from dlrover_core.checkpoint.copy import prestart as prestart_copy_threads
 from dlrover_core.checkpoint.layout import (
     DTENSORS_KEY,
     TREE_KEY,
@@ -195,6 +196,10 @@ class Checkpointer:
             self._memory_off_reason = "checkpoint.memory_every_steps is 0"
         elif self._client is None:
             self._memory_off_reason = "not started by a dlrover agent"
+        else:  # both a save and a restore need these: not on the first restore's clock
+            import numpy.random  # noqa: F401  heavy: numpy (the RNG state's numpy part, ~7 ms)
+
+            prestart_copy_threads()
 
     # ----- memory ------------------------------------------------------------------------
 

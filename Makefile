@@ -15,11 +15,11 @@ $(STAMP): pyproject.toml $(wildcard plugins/*/pyproject.toml) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0 numpy
-	$(PY) -m pip install --quiet -e '.[test]' $(foreach p,$(PLUGINS),-e '$(p)[test]')
+	$(PY) -m pip install --quiet -e '.[test,plot]' $(foreach p,$(PLUGINS),-e '$(p)[test]')
 	touch $(STAMP)
 
 demo: setup
-	$(PY) examples/charlm/run.py --steps 300 --chaos --result-json results/demo.json
+	$(PY) examples/charlm/run.py --steps 300 --chaos --result-json results/demo.json --plot results/demo.png
 
 test: setup
 	$(PY) -m ruff check dlrover_core plugins tests examples

@@ -374,6 +374,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="write the results here")
     p.add_argument("--no-dlrover", action="store_true", help="skip DLRover's own FCP (needs its venv)")
     p.add_argument("--workdir", default=None, help="scratch directory on a real disk (default: a temporary one)")
+    p.add_argument("--merge-into", default=None, metavar="RESULT_JSON",
+                   help="after the run, add its sizes to this earlier result file (a size measured again "
+                        "replaces the old one): one file, whose sizes were measured by separate runs, each named "
+                        "with its command")
     args = sys.argv[1:] if argv is None else argv
     a = p.parse_args(args)
     sizes = [256] if a.quick else [int(s) for s in a.sizes_mib.split(",")]
@@ -430,10 +434,40 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         write_result(a.json, doc)
+    if a.merge_into:
+        write_result(a.merge_into, merge(json.loads(Path(a.merge_into).read_text()), doc))
+        console.print(f"sizes {sizes} merged into {a.merge_into}")
     if leftovers:
         console.print(f"[red]/dev/shm segments left behind: {leftovers}[/red]")
     console.print(f"done in {doc['wall_s']} s" + (f"; JSON in {a.json}" if a.json else ""))
     return 0 if all(r["ours"].get("available", True) for r in results.values()) else 1
+
+
+def merge(old: dict, new: dict) -> dict:
+    """``old`` (a result file) with ``new``'s sizes added (a size in both: ``new``'s): every size
+    entry records the run that measured it (``run``: command, reps, restart cycles, wall
+    seconds); ``runs`` lists the runs; the top-level ratios are the largest size's."""
+    def run_of(doc: dict) -> dict:
+        return {k: doc.get(k) for k in ("command", "reps", "restart_cycles", "wall_s", "sizes_mib")}
+
+    runs = old.get("runs") or [run_of(old)]
+    sizes = {k: {"run": v.get("run") or run_of(old), **v} for k, v in old["sizes"].items()}
+    for key, entry in new["sizes"].items():
+        sizes[key] = {**entry, "run": run_of(new)}
+    runs = [r for r in runs if any(s["run"]["command"] == r["command"] for s in sizes.values())] + [run_of(new)]
+    order = sorted(sizes, key=int)
+    top = str(max(int(k) for k in order))
+    series = [r for r in old.get("series", []) if str(r.get("size_mib")) not in new["sizes"]] + new.get("series", [])
+    return {
+        **old,
+        "command": " ; ".join(r["command"] for r in runs),
+        "runs": runs, "sizes_mib": [int(k) for k in order], "reps": new["reps"], "restart_cycles": new["restart_cycles"],
+        "wall_s": round(sum(r["wall_s"] or 0 for r in runs), 1), "ratios_size_mib": int(top),
+        "ratios": sizes[top]["ratios"], "goals": new["goals"],
+        "series": sorted(series, key=lambda r: r.get("size_mib") or 0),
+        "sizes": {k: sizes[k] for k in order},
+        "shm_left_behind": sorted(set(old.get("shm_left_behind") or []) | set(new.get("shm_left_behind") or [])),
+    }
 
 
 def _dlrover(size: int, reps: int, cycles: int, work: Path) -> dict:

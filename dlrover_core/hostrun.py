@@ -56,7 +56,7 @@ from dlrover_core import env
 from dlrover_core.agent import __main__ as agent_main
 from dlrover_core.errors import DLRoverError, JobSpecError
 from dlrover_core.fileio import write_atomic
-from dlrover_core.logging import get_logger
+from dlrover_core.logging import get_logger, json_mode, write_record
 from dlrover_core.master import __main__ as master_main
 from dlrover_core.plugins import get_host
 from dlrover_core.protocol.client import MasterClient
@@ -481,7 +481,9 @@ class _Launcher:
             log.error("job_result_unknown", reason="the job master did not say how the job ended (see its log on "
                                                     f"the host of {self.endpoint})")
             return 1
-        if self.master is not None:
+        if json_mode():  # JSON Lines: the result is one object (every host has the whole of it)
+            write_record(result.to_record())
+        elif self.master is not None:
             print(result.summary(), flush=True)
         else:
             print(f"job {result.job_id}: {result.state.value}" + (f" ({result.reason})" if result.reason else "")

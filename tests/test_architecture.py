@@ -27,6 +27,7 @@ LAZY_OK = {
     "numpy": "heavy, workers only",
     "torch_npu": "vendor package, optional",
     "py_spy": "optional tool",
+    "matplotlib": "optional extra (dlrover-core[plot]); importing it takes ~1.6 s",
     "dlrover_plugin_optim_agd._agd": "defines a torch.optim.Optimizer subclass: torch is heavy",
 }
 

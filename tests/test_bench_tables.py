@@ -277,3 +277,38 @@ def test_plot_data_without_matplotlib(monkeypatch, tmp_path):
     (tmp_path / "save_overhead.json").write_text(json.dumps({"series": [row, {**row, "params": 1.1e7}]}))
     panels, _ = tables.plot_panels("save_overhead", tmp_path)
     assert set(panels[0].lines) == {"stall, memory-only save", "floor: copy_ of the same tensors"}
+
+
+def test_checkpoint_merge_adds_a_size_measured_by_another_run():
+    """``benchmarks/checkpoint.py --merge-into``: the 4 GiB point of a separate run joins the
+    earlier file; each size names the run that measured it; the headline ratios are the
+    largest size's; the tables render from the merged file."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location("bench_checkpoint", ROOT / "benchmarks" / "checkpoint.py")
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    old = json.loads((RESULTS / "checkpoint.json").read_text())
+    old_sizes = list(old["sizes"])
+    new = json.loads(json.dumps(old))  # a run of the largest old size only, as if at 8 GiB
+    big = old_sizes[-1]
+    new["sizes"] = {"8192": new["sizes"][big]}
+    new["sizes"]["8192"]["ratios"] = {**new["sizes"]["8192"]["ratios"], "stall_vs_dlrover_fcp": 0.123}
+    new["series"] = [{**r, "size_mib": 8192} for r in new["series"] if str(r["size_mib"]) == big]
+    new["command"], new["wall_s"], new["sizes_mib"] = "python benchmarks/checkpoint.py --sizes-mib 8192", 10.0, [8192]
+    merged = bench.merge(old, new)
+    assert list(merged["sizes"]) == [*old_sizes, "8192"]
+    assert merged["ratios_size_mib"] == 8192 and merged["ratios"]["stall_vs_dlrover_fcp"] == 0.123
+    assert merged["sizes"]["8192"]["run"]["command"] == new["command"]
+    first = old["sizes"][old_sizes[0]].get("run") or old
+    assert merged["sizes"][old_sizes[0]]["run"]["command"] == first["command"]
+    assert [r["command"] for r in merged["runs"]][-1] == new["command"] and len(merged["runs"]) >= 2
+    assert {r["size_mib"] for r in merged["series"]} == {*map(int, old_sizes), 8192}
+    assert new["command"] in merged["command"]
+    # measured again: the new entry replaces the old, the series rows too
+    again = bench.merge(merged, {**new, "command": "rerun"})
+    assert again["sizes"]["8192"]["run"]["command"] == "rerun"
+    assert sum(1 for r in again["series"] if r["size_mib"] == 8192) == sum(1 for r in new["series"])
+    assert "8192" in tables.render_checkpoint(merged) or "4 GiB" in tables.render_checkpoint(merged)

@@ -18,7 +18,7 @@ from pathlib import Path
 from dlrover_core import env
 from dlrover_core.agent.agent import ElasticAgent
 from dlrover_core.errors import MasterUnavailableError
-from dlrover_core.logging import configure, get_logger
+from dlrover_core.logging import bind_process, configure, get_logger
 from dlrover_core.plugins import get_host
 from dlrover_core.protocol.client import MasterClient
 from dlrover_core.protocol.messages import Action, AssignNode
@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         args.job_id = assigned.job_id
         if args.node_id is None:
             args.node_id = assigned.node_id
+    bind_process(node=args.node_id)  # every event of this agent names its node (JSON logs)
     if args.log_root is not None:
         args.log_dir = str(Path(args.log_root) / args.job_id)
     agent = ElasticAgent(job=job, job_id=args.job_id, node_id=args.node_id, client=client,

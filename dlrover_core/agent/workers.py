@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from dlrover_core.env import CONSOLE_LOCAL_RANKS, STANDBY_READY_FD
+from dlrover_core.env import CONSOLE_LOCAL_RANKS, NODE_ID, STANDBY_READY_FD
+from dlrover_core.logging import as_record, json_mode, write_record
 from dlrover_core.proctree import kill_trees as _kill_trees
 
 __all__ = ["Standby", "WorkerProcess", "kill_trees"]
@@ -136,20 +137,27 @@ class WorkerProcess:
             )
         self.pid = self.popen.pid
         self._echo = echo if _on_console(local_rank) else None
+        node = env.get(NODE_ID, "")
+        self._node = int(node) if node.lstrip("-").isdigit() else None
         self._pump = threading.Thread(target=self._copy_output, name=f"dlrover-log-rank{rank}", daemon=True)
         self._pump.start()
 
     def _copy_output(self) -> None:
         assert self.popen.stdout is not None
         prefix = f"[rank {self.rank}] "
+        as_json = json_mode()  # JSON Lines: each line an object with the node and rank it came from
         with open(self.log_file, "ab") as f:
             for line in iter(self.popen.stdout.readline, b""):
                 f.write(line)
                 f.flush()
                 if self._echo is not None:
                     try:
-                        self._echo.write(prefix + line.decode(errors="replace"))
-                        self._echo.flush()
+                        text = line.decode(errors="replace")
+                        if as_json:
+                            write_record(as_record(text, node=self._node, rank=self.rank), self._echo)
+                        else:
+                            self._echo.write(prefix + text)
+                            self._echo.flush()
                     except (ValueError, OSError):
                         pass
 

@@ -15,13 +15,19 @@ down by phase, on the master's clock:
   process group; restore time excluded);
 * ``reform_s``: the survivors re-forming the live world after a failure or for a joiner
   (worker-measured; DESIGN §5a).
+
+:class:`StepRate` measures how fast the job goes now, from the same records: seconds per step,
+job-wide samples and tokens per second (``train.report(..., samples=, tokens=)``) and the ETA
+to ``total_steps``, for ``/v1/status`` and the progress line.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from typing import Any
 
-__all__ = ["GoodputTracker"]
+__all__ = ["GoodputTracker", "StepRate"]
 
 #: How many of the newest counted steps are remembered to tell a late record from a step
 #: trained twice (late records come a heartbeat or two after the newer generation's).
@@ -188,3 +194,109 @@ class GoodputTracker:
         g.phases.update(data["phases"])  # (a journal from before reform_s lacks it: 0)
         g._generation = int(data.get("generation", 0))
         return g
+
+
+#: How many of rank 0's newest step reports the rate is measured over.
+RATE_WINDOW = 20
+
+
+class StepRate:
+    """How fast the job goes now, from rank 0's step records: seconds per step, samples and
+    tokens per second (job-wide: ``train.report`` counts them for the whole job), and the
+    ETA to ``total_steps``.
+
+    Each record covers the wall-clock time since rank 0's previous record (its ``t``, the
+    worker's clock, so checkpoint saves and evaluation between reports count), or its own
+    ``dt`` when it is the first of a run of records. A record that does not continue the
+    previous one (a restart went back to an older step, a live world re-formed, a restore)
+    starts the window again: time across a failure is not step time.
+    """
+
+    def __init__(self, window: int = RATE_WINDOW) -> None:
+        self.total_steps: int | None = None
+        self.last_step = -1
+        self._generation = 0
+        self._last_t: float | None = None
+        # (steps covered, seconds, samples or None, tokens or None), newest last
+        self._spans: deque[tuple[int, float, float | None, float | None]] = deque(maxlen=window)
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Fold one of rank 0's progress records in (other kinds than ``step`` and
+        ``restore`` are ignored)."""
+        kind = record.get("type")
+        if kind == "restore":
+            self._restart(int(record["step"]))
+            return
+        if kind != "step":
+            return
+        step, generation = int(record["step"]), int(record.get("gen", 0))
+        if generation < self._generation:
+            return  # a late record of an older live generation (see GoodputTracker._add_late)
+        if record.get("total_steps") is not None:
+            self.total_steps = int(record["total_steps"])
+        t = record.get("t")
+        if generation != self._generation or step <= self.last_step or self._last_t is None or t is None:
+            if generation != self._generation or step <= self.last_step:
+                self._spans.clear()
+            steps, seconds = 1, float(record.get("dt", 0.0))
+        else:
+            steps, seconds = step - self.last_step, max(0.0, float(t) - self._last_t)
+        self._generation = generation
+        self.last_step = step
+        self._last_t = float(t) if t is not None else None
+        samples, tokens = record.get("samples"), record.get("tokens")
+        self._spans.append((steps, seconds, None if samples is None else float(samples),
+                            None if tokens is None else float(tokens)))
+
+    def _restart(self, step: int) -> None:
+        self._spans.clear()
+        self.last_step = step
+        self._last_t = None
+        self._generation = 0
+
+    def round_started(self) -> None:
+        """A new rendezvous round formed: its first record starts the window again."""
+        self._last_t = None
+        self._generation = 0
+
+    @property
+    def step_time_s(self) -> float | None:
+        """Median seconds per step over the window (``None``: no step yet)."""
+        per_step = [seconds / steps for steps, seconds, _, _ in self._spans if seconds > 0]
+        return statistics.median(per_step) if per_step else None
+
+    @property
+    def eta_s(self) -> float | None:
+        """Seconds until step ``total_steps - 1`` (``None`` without both a total and a step time)."""
+        step_time = self.step_time_s
+        if self.total_steps is None or step_time is None:
+            return None
+        return max(0, self.total_steps - 1 - self.last_step) * step_time
+
+    def _per_s(self, index: int) -> float | None:
+        spans = [(span[1], span[index]) for span in self._spans if span[index] is not None]
+        seconds = sum(s for s, _ in spans)
+        if not spans or seconds <= 0:
+            return None
+        return sum(count for _, count in spans) / seconds  # type: ignore[misc]
+
+    @property
+    def samples_per_s(self) -> float | None:
+        """Job-wide samples per second over the window's reports that gave ``samples``."""
+        return self._per_s(2)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Job-wide tokens per second over the window's reports that gave ``tokens``."""
+        return self._per_s(3)
+
+    def to_dict(self) -> dict[str, Any]:
+        """What a restarted master needs (the window refills from the next records)."""
+        return {"total_steps": self.total_steps, "last_step": self.last_step}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StepRate:
+        rate = cls()
+        rate.total_steps = data.get("total_steps")
+        rate.last_step = int(data.get("last_step", -1))
+        return rate

@@ -78,7 +78,7 @@ import attrs
 from dlrover_core.logging import get_logger
 from dlrover_core.master.checkpoints import CheckpointCoordinator
 from dlrover_core.master.failures import DeterministicErrorDetector, before_first_step, describe, failure_record
-from dlrover_core.master.goodput import GoodputTracker
+from dlrover_core.master.goodput import GoodputTracker, StepRate
 from dlrover_core.master.journal import Journal
 from dlrover_core.master.live import LiveWorld
 from dlrover_core.master.node_check import NodeChecks
@@ -211,6 +211,7 @@ class JobMaster:
         self.failures: list[tuple[FailureRecord, bool]] = []
         self.metrics: dict[str, float] = {}
         self.goodput = GoodputTracker()
+        self.rate = StepRate()  # rank 0's steps per second, samples/s, tokens/s and the ETA
         self._errors = DeterministicErrorDetector()
         self.node_checks = NodeChecks(store_factory=store_factory, store_host=store_host, clock=clock)
         self.journal = journal
@@ -501,6 +502,7 @@ class JobMaster:
 
     def _record(self, record: dict[str, Any]) -> None:
         self.goodput.add(record, now=self._clock())
+        self.rate.add(record)
         kind = record.get("type")
         if kind == "step":
             for k, v in (record.get("metrics") or {}).items():
@@ -918,6 +920,7 @@ class JobMaster:
         if self.state == JobState.PENDING:
             self.state = JobState.RUNNING
         self.goodput.round_completed(self._clock(), self.started)
+        self.rate.round_started()
         log.info("rendezvous_completed", round=rnd.index, nodes=list(rnd.node_ids), world_size=rnd.world_size,
                  store_port=port)
         self._event("rendezvous_completed", round=rnd.index, node_ids=list(rnd.node_ids), world_size=rnd.world_size)
@@ -1180,7 +1183,7 @@ class JobMaster:
                 "succeeded": sorted(self._succeeded_nodes),
                 "nodes": self.nodes.to_journal(),
                 "failures": [{**encode(f), "counted": counted} for f, counted in self.failures],
-                "metrics": self.metrics, "goodput": self.goodput.to_dict(),
+                "metrics": self.metrics, "goodput": self.goodput.to_dict(), "rate": self.rate.to_dict(),
                 "pending_shards": self.checkpoints.pending_shards() if self.checkpoints else [],
                 "checkpoints": self.checkpoints.to_dict() if self.checkpoints else {},
             }
@@ -1240,6 +1243,7 @@ class JobMaster:
             self.failures = [(decode(FailureRecord, f), bool(f.get("counted"))) for f in snap["failures"]]
             self.metrics = snap["metrics"]
             self.goodput = GoodputTracker.from_dict(snap["goodput"])
+            self.rate = StepRate.from_dict(snap.get("rate") or {})  # (a journal from before it: none)
             if self.checkpoints is not None:
                 self.checkpoints.load_dict(snap.get("checkpoints") or {"pending_shards": snap["pending_shards"]})
             log.info("master_recovered", round=r["index"] if r else None, nodes=len(self.nodes), restarts=self.restarts,
@@ -1268,6 +1272,9 @@ class JobMaster:
                 max_nodes=self.job.nodes.max, restarts=self.restarts, round=rnd.index if rnd else -1,
                 elapsed_s=round(self._now(), 3), node_table=self.nodes.rows(),
                 goodput=self.goodput.timeline(self._wall_s()),
+                total_steps=self.rate.total_steps, step_time_s=_rounded(self.rate.step_time_s),
+                eta_s=_rounded(self.rate.eta_s), samples_per_s=_rounded(self.rate.samples_per_s),
+                tokens_per_s=_rounded(self.rate.tokens_per_s),
             )
 
     def _warning(self) -> str:
@@ -1297,4 +1304,22 @@ class JobMaster:
                 rendezvous_s=g.phases["rendezvous_s"], startup_s=g.phases["startup_s"],
                 reform_s=g.phases["reform_s"], failures=tuple(f for f, _ in self.failures),
                 metrics=dict(self.metrics), log_dir=str(self.log_dir or ""),
+                worker_exit_codes=self._worker_exit_codes(), total_steps=self.rate.total_steps,
             )
+
+    def _worker_exit_codes(self) -> dict[int, int]:
+        """The exit code of each global rank's last worker, as far as this master knows: the
+        failures' codes, then 0 for every worker of a node that reported success in the
+        newest round (ranks as that round assigned them)."""
+        codes = {f.rank: f.exit_code for f, _ in self.failures if f.rank is not None and f.exit_code is not None}
+        rnd = self.rdzv.latest
+        if rnd is not None:
+            for node_id in sorted(self._succeeded_nodes):
+                if node_id in rnd:
+                    offset = rnd.rank_offset(node_id)
+                    codes.update(dict.fromkeys(range(offset, offset + rnd.nproc[rnd.node_rank(node_id)]), 0))
+        return dict(sorted(codes.items()))
+
+
+def _rounded(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)

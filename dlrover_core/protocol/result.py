@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 import attrs
@@ -9,7 +10,7 @@ import cattrs
 
 from dlrover_core.protocol.status import JobState
 
-__all__ = ["FailureRecord", "JobResult", "JobState"]
+__all__ = ["NO_STEPS_NOTE", "FailureRecord", "JobResult", "JobState", "format_exit_codes"]
 
 
 @attrs.frozen(kw_only=True)
@@ -62,7 +63,9 @@ class JobResult:
         job_id: the run's id; ``log_dir`` holds its logs, ``events.jsonl`` and ``result.json``.
         state: SUCCEEDED, FAILED or CANCELLED.
         reason: why it failed or was cancelled ("" on success).
-        final_step: newest step reported by rank 0.
+        final_step: newest step reported by rank 0 (``-1``: the script never called
+            ``train.report``; then ``goodput`` and ``productive_s`` are 0 because unmeasured, and
+            :meth:`summary` says so instead of showing them).
         restarts: restarts taken from the job-wide budget.
         wall_time_s: seconds from master start to the end.
         productive_s: seconds of step time that count toward the final model (rank 0).
@@ -81,6 +84,12 @@ class JobResult:
             step each failure interrupted is not in it.
         metrics: newest value of every metric rank 0 reported.
         log_dir: the run's directory.
+        worker_exit_codes: exit code of each global rank's last worker, as far as the master
+            knows (0 for the workers of nodes that reported success; a failure's code for a
+            failed worker; ranks as the newest round assigned them). Negative: killed by that
+            signal.
+        total_steps: the run's length in steps, as rank 0 gave it to ``train.report``
+            (``None``: not given).
     """
 
     job_id: str
@@ -102,6 +111,13 @@ class JobResult:
     metrics: dict[str, float]
     log_dir: str
     reform_s: float = 0.0
+    worker_exit_codes: dict[int, int] = attrs.field(factory=dict)
+    total_steps: int | None = None
+
+    @property
+    def steps_reported(self) -> bool:
+        """Whether rank 0 reported any step (``train.report``): else step and goodput are unknown."""
+        return self.final_step >= 0
 
     def to_dict(self) -> dict[str, Any]:
         return _converter.unstructure(self)
@@ -110,27 +126,72 @@ class JobResult:
     def from_dict(cls, data: dict[str, Any]) -> JobResult:
         return _converter.structure(data, cls)
 
+    def to_record(self) -> dict[str, Any]:
+        """The result as the last JSON Lines object of a run (``DLROVER_LOG_FORMAT=json``):
+        ``{"event": "result", ...to_dict()}``, plus ``note`` (:data:`NO_STEPS_NOTE`) when no
+        step was reported (then ``final_step`` -1 and ``goodput`` 0 mean "unknown")."""
+        record: dict[str, Any] = {"event": "result", **self.to_dict()}
+        if not self.steps_reported:
+            record["note"] = NO_STEPS_NOTE
+        return record
+
     def summary(self) -> str:
         """A few readable lines for the console."""
-        lines = [
-            f"job {self.job_id}: {self.state.value}" + (f" — {self.reason}" if self.reason else ""),
-            f"  final step {self.final_step}, restarts {self.restarts}, wall time {self.wall_time_s:.1f} s",
-            f"  goodput {self.goodput:.1%}: productive {self.productive_s:.1f} s, checkpoint stall "
-            f"{self.checkpoint_stall_s:.2f} s, restore {self.restore_s:.2f} s, recomputed {self.recomputed_s:.1f} s, "
-            f"detection {self.detection_s:.1f} s, restart {self.restart_s:.1f} s, rendezvous {self.rendezvous_s:.1f} s, "
-            f"startup {self.startup_s:.1f} s" + (f", live re-forms {self.reform_s:.2f} s" if self.reform_s else ""),
-        ]
+        lines = [f"job {self.job_id}: {self.state.value}" + (f" — {self.reason}" if self.reason else "")]
+        if self.steps_reported:
+            of = f" of {self.total_steps}" if self.total_steps is not None else ""
+            lines += [
+                f"  final step {self.final_step}{of}, restarts {self.restarts}, wall time {self.wall_time_s:.1f} s",
+                f"  goodput {self.goodput:.1%}: productive {self.productive_s:.1f} s, checkpoint stall "
+                f"{self.checkpoint_stall_s:.2f} s, restore {self.restore_s:.2f} s, recomputed {self.recomputed_s:.1f} s, "
+                f"detection {self.detection_s:.1f} s, restart {self.restart_s:.1f} s, rendezvous "
+                f"{self.rendezvous_s:.1f} s, startup {self.startup_s:.1f} s"
+                + (f", live re-forms {self.reform_s:.2f} s" if self.reform_s else ""),
+            ]
+        else:
+            lines.append(f"  wall time {self.wall_time_s:.1f} s, restarts {self.restarts}")
+            if self.worker_exit_codes:
+                lines.append(f"  worker exit codes: {format_exit_codes(self.worker_exit_codes)}")
+            lines.append(f"  {NO_STEPS_NOTE}")
         for f in self.failures:
             who = f"rank {f.rank}" if f.rank is not None else f"node {f.node_id}"
             how = f.detail or f.signal or f"exit code {f.exit_code}"
             restored = ""
             if f.restored_from:
                 restored = f"; resumed from step {f.restored_step} ({f.restored_from})"
-            lines.append(f"  failure at {f.time_s:.1f} s, step {f.step}: {who} {how} → {f.action}{restored}")
+            when = f"step {f.step}" if f.step >= 0 else "before any reported step"
+            lines.append(f"  failure at {f.time_s:.1f} s, {when}: {who} {how} → {f.action}{restored}")
         if self.metrics:
             lines.append("  metrics: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(self.metrics.items())))
         lines.append(f"  logs: {self.log_dir}")
         return "\n".join(lines)
+
+
+#: What a summary or ``dlrover status`` says of a job whose script never called ``train.report``.
+NO_STEPS_NOTE = ("no step was reported: the step, the goodput and the ETA need train.report(step, ...) in the "
+                 "script, once per optimizer step on every rank")
+
+
+def format_exit_codes(codes: dict[int, int]) -> str:
+    """``{0: 0, 1: 0, 2: -9}`` as ``"ranks 0-1: 0, rank 2: -9 (SIGKILL)"``: runs of consecutive
+    ranks with the same code together, a negative code with its signal's name."""
+    runs: list[tuple[int, int, int]] = []  # (first rank, last rank, code)
+    for rank, code in sorted(codes.items()):
+        if runs and runs[-1][2] == code and runs[-1][1] == rank - 1:
+            runs[-1] = (runs[-1][0], rank, code)
+        else:
+            runs.append((rank, rank, code))
+    parts = []
+    for first, last, code in runs:
+        who = f"rank {first}" if first == last else f"ranks {first}-{last}"
+        name = ""
+        if code < 0:
+            try:
+                name = f" ({signal.Signals(-code).name})"
+            except ValueError:
+                pass
+        parts.append(f"{who}: {code}{name}")
+    return ", ".join(parts)
 
 
 _converter = cattrs.Converter()

@@ -49,6 +49,17 @@ class JobStatus:
         goodput: the goodput timeline so far (``goodput``, ``wall_time_s``, ``productive_s``,
             ``checkpoint_stall_s``, ``restore_s``, ``recomputed_s``, ``detection_s``,
             ``restart_s``, ``rendezvous_s``, ``startup_s``, ``other_s``).
+        total_steps: the run's length in steps, as rank 0 passed it to
+            ``train.report(..., total_steps=N)`` (``None``: never given).
+        step_time_s: median seconds per step over rank 0's recent reports, wall clock
+            (checkpoint saves and evaluation between reports included; ``None``: no step yet).
+        eta_s: seconds until step ``total_steps - 1`` at ``step_time_s`` (``None`` without
+            ``total_steps`` or a step time).
+        samples_per_s: samples the whole job processes per second, over rank 0's recent
+            reports of ``samples`` (``None``: the script reports none).
+        tokens_per_s: the same for ``tokens``.
+        elapsed_s: seconds since the job master started (``None``: unknown, e.g. a finished
+            job's status read from its result).
     """
 
     state: JobState
@@ -61,6 +72,12 @@ class JobStatus:
     message: str = ""
     worker_pids: dict[int, int] = attrs.field(factory=dict)
     goodput: dict[str, float] = attrs.field(factory=dict)
+    total_steps: int | None = None
+    step_time_s: float | None = None
+    eta_s: float | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+    elapsed_s: float | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -109,6 +126,8 @@ class MasterStatus:
         elapsed_s: seconds since the master started.
         node_table: every node the master knows.
         goodput: the goodput timeline so far (see :class:`JobStatus`).
+        total_steps, step_time_s, eta_s, samples_per_s, tokens_per_s: rank 0's progress rate
+            (see :class:`JobStatus`; ``None`` when unknown, and from a master that predates them).
     """
 
     job_id: str = ""
@@ -123,6 +142,11 @@ class MasterStatus:
     elapsed_s: float = 0.0
     node_table: tuple[NodeRow, ...] = ()
     goodput: dict[str, float] = attrs.field(factory=dict)
+    total_steps: int | None = None
+    step_time_s: float | None = None
+    eta_s: float | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
 
     def to_job_status(self, worker_pids: dict[int, int] | None = None) -> JobStatus:
         """The runner's view. ``worker_pids`` replaces the pids the agents reported (a
@@ -132,6 +156,8 @@ class MasterStatus:
             state=self.state, step=self.step, metrics=dict(self.metrics), nodes=self.nodes,
             max_nodes=self.max_nodes, restarts=self.restarts, round=self.round, message=self.message,
             worker_pids=pids if worker_pids is None else worker_pids, goodput=dict(self.goodput),
+            total_steps=self.total_steps, step_time_s=self.step_time_s, eta_s=self.eta_s,
+            samples_per_s=self.samples_per_s, tokens_per_s=self.tokens_per_s, elapsed_s=self.elapsed_s,
         )
 
     @classmethod

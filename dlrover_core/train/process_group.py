@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import datetime
 import faulthandler
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from typing import Any
@@ -98,6 +101,7 @@ def init(*, timeout_s: float | None = None) -> WorkerInfo:
             world_size=info.world_size, timeout=timeout,
         )
         note_group_sockets(before)
+    _destroy_group_at_exit()
     watch = os.environ.get(env.WATCH_PID)
     if watch:
         _watch_parent(int(watch))
@@ -108,6 +112,34 @@ def init(*, timeout_s: float | None = None) -> WorkerInfo:
     log.debug("worker_initialised", rank=info.rank, world_size=info.world_size, backend=accelerator.dist_backend)
     _info = info
     return info
+
+
+_exit_hook_installed = False
+
+
+def _destroy_group_at_exit() -> None:
+    """Destroy the default process group when the script returns normally, while the
+    interpreter is still whole. A gloo group left to interpreter finalization can abort
+    the process (``terminate called without an active exception``, exit code -6: torch
+    issue 190489, pull request 179291), which would count as a failed worker at the very
+    end of a job. Not after an uncaught exception: peers may still be in a collective
+    with this process, and destroying an NCCL group then can block (torchtitan pull
+    request 1342)."""
+    global _exit_hook_installed
+    if _exit_hook_installed:
+        return
+    _exit_hook_installed = True
+
+    def destroy() -> None:
+        if getattr(sys, "last_type", None) is not None:  # the script died of an exception
+            return
+        import torch.distributed as dist  # heavy: torch
+
+        if dist.is_available() and dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+
+    atexit.register(destroy)
 
 
 #: The sockets the current process group opened (fd -> ``socket:[inode]``): its peer

@@ -1,4 +1,4 @@
-"""``report(step, **metrics)``: the worker's progress, read by its agent.
+"""``report(step, *, total_steps, samples, tokens, **metrics)``: the worker's progress, read by its agent.
 
 Each call appends one JSON record to the file named by ``DLROVER_PROGRESS_FILE``; the agent
 tails it and forwards rank 0's records to the master (goodput, live progress) and every
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import os
 import sys
 import threading
@@ -35,6 +36,32 @@ def _to_float(name: str, value: Any) -> float:
     except (TypeError, ValueError):
         raise TypeError(f"report(): metric {name}={value!r} is not a number") from None
     return value
+
+
+def _positive_int(name: str, value: Any) -> int:
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        number = operator.index(value)  # int, numpy ints, 0-d integer tensors
+    except TypeError:
+        raise TypeError(f"train.report(): {name}={value!r} is not an int; pass the number of steps the run "
+                        "trains in all (range(total_steps))") from None
+    if number < 1:
+        raise ValueError(f"train.report(): {name}={number} must be at least 1: the number of steps the run "
+                         "trains in all (range(total_steps)); leave it out when the run has no fixed length")
+    return number
+
+
+def _count(name: str, value: Any) -> float:
+    try:
+        number = _to_float(name, value)
+    except TypeError:
+        raise TypeError(f"train.report(): {name}={value!r} is not a number: pass how many {name} the whole job "
+                        "processed since the previous report (the global batch, all ranks together)") from None
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"train.report(): {name}={value!r} must be a finite number >= 0: how many {name} the "
+                         "whole job processed since the previous report (the global batch, all ranks together)")
+    return int(number) if number.is_integer() else number
 
 
 class ProgressWriter:
@@ -73,7 +100,16 @@ class ProgressWriter:
     #: the last reported step's time (seconds; 0 before the first)
     last_dt = 0.0
 
-    def step(self, step: int, metrics: dict[str, Any]) -> float:
+    #: the run's length in steps, once a report gave it (repeated in every later record, so a
+    #: restarted master or a late record still has it)
+    total_steps: int | None = None
+
+    def step(self, step: int, metrics: dict[str, Any], *, total_steps: int | None = None,
+             samples: float | None = None, tokens: float | None = None) -> float:
+        if total_steps is not None:
+            self.total_steps = _positive_int("total_steps", total_steps)
+        counts = {name: _count(name, value) for name, value in (("samples", samples), ("tokens", tokens))
+                  if value is not None}
         if self.restored_step is not None and int(step) <= self.restored_step:
             raise CheckpointError(
                 f"train.report(step={step}) after Checkpointer.load() restored step {self.restored_step}: steps up "
@@ -90,6 +126,9 @@ class ProgressWriter:
                   "metrics": {k: (v if math.isfinite(v) else str(v)) for k, v in clean.items()}}
         if self.generation:  # the master orders records of ranks on different nodes by it
             record["gen"] = self.generation
+        if self.total_steps is not None:
+            record["total_steps"] = self.total_steps
+        record.update(counts)
         self.write(record)
         return dt
 
@@ -107,18 +146,35 @@ def get_writer() -> ProgressWriter:
         return _writer
 
 
-def report(step: int, **metrics: Any) -> None:
+def report(step: int, *, total_steps: int | None = None, samples: float | None = None,
+           tokens: float | None = None, **metrics: Any) -> None:
     """Report that ``step`` finished, with scalar ``metrics`` (floats, ints or 0-d tensors).
 
     Call it once per optimizer step on every rank. Rank 0's values are what the console,
-    ``JobResult.metrics`` and goodput use; every rank's step feeds hang detection.
+    ``dlrover status``, ``JobResult.metrics`` and goodput use; every rank's step feeds hang
+    detection.
+
+    Args:
+        step: the step that finished, counted from 0 (``for step in range(total_steps)``).
+        total_steps: how many steps the run trains in all; with it the console shows
+            ``step/total``, the percentage and the ETA. Give it once or on every call (it is
+            remembered).
+        samples: how many samples the **whole job** processed since the previous
+            ``report`` (all ranks together: the global batch, ``per-rank batch x world size``,
+            when you report every step). The console's ``samples/s`` is job-wide: the sum of
+            rank 0's ``samples`` over its recent reports divided by their wall-clock time.
+        tokens: the same count in tokens (``samples x sequence length``), for ``tokens/s``.
+        metrics: any other scalars (``loss=...``, ``lr=...``); ``loss`` and ``val_loss`` are
+            shown on the progress line.
 
     Raises:
-        TypeError: a metric is not convertible to float.
+        TypeError: a metric, ``samples`` or ``tokens`` is not convertible to float, or
+            ``total_steps`` is not an int.
+        ValueError: ``total_steps`` is below 1, or ``samples``/``tokens`` is negative or not finite.
         CheckpointError: ``step`` is at or below the step a checkpoint restore went back to
             (the loop ignored what ``Checkpointer.load()`` returned).
     """
-    get_writer().step(step, metrics)
+    get_writer().step(step, metrics, total_steps=total_steps, samples=samples, tokens=tokens)
 
 
 _hook_installed = False

@@ -1,10 +1,10 @@
 """The main job: train the byte-level GPT on 2 nodes with DDP, optionally killing a worker.
 
-    python examples/charlm/run.py --steps 300 --chaos --result-json results/demo.json
+    python examples/charlm/run.py --steps 300 --chaos --result-json results/demo.json --plot results/demo.png
 
 builds ``Job(..., nodes=2, nproc_per_node=1, scheduler="local")`` (``--scheduler docker``: in
-containers), runs it, prints the
-JobResult and the validation loss at the start and the end. With ``--chaos`` one worker is
+containers), runs it, prints the JobResult and the validation loss at the start and the end
+(``--plot``: and draws the job, as ``dlrover plot JOB_ID`` does). With ``--chaos`` one worker is
 SIGKILLed at a random step: the surviving worker keeps training in a smaller world, and the
 replacement rejoins with its live state (``--restart-all``: every worker restarts and resumes
 from the last committed checkpoint instead).
@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dlrover_core import Checkpoint, Failure, Job, Nodes
+from dlrover_core import Checkpoint, Failure, Job, Nodes, jobplot
 from dlrover_core.testing import kill_worker_at_step
 
 HERE = Path(__file__).resolve().parent
@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="cpu (gloo), cuda (nccl: one GPU per worker), auto, or an installed plugin's name")
     p.add_argument("--scheduler", default="local", help="where nodes run: local (processes), docker (containers), ...")
     p.add_argument("--result-json", default=None, help="write the JobResult plus validation losses here")
+    p.add_argument("--plot", default=None, metavar="PATH",
+                   help="draw the job (steps, failures, world size, loss, goodput) into this PNG; needs matplotlib: "
+                        "pip install 'dlrover-core[plot]' (the same as `dlrover plot JOB_ID -o PATH` afterwards)")
     p.add_argument("train_args", nargs="*", help="extra arguments for train.py (after --)")
     a = p.parse_args(argv)
 
@@ -99,6 +102,13 @@ def main(argv: list[str] | None = None) -> int:
         }
         Path(a.result_json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.result_json).write_text(json.dumps(out, indent=2))
+    if a.plot:
+        try:
+            drawn = jobplot.render(jobplot.read_job(result.log_dir), a.plot)
+        except jobplot.JobPlotError as exc:
+            print(f"plot: {exc}", file=sys.stderr)
+            return 1
+        print(f"plot: wrote {drawn.path} ({drawn.markers['failure']} failure(s), {drawn.markers['commit']} commit(s))")
     return 0 if result.state.value == "SUCCEEDED" else 1
 
 

@@ -1,8 +1,9 @@
 """Worker script: train the byte-level GPT with DDP, checkpointing and progress reports.
 
 Run it through dlrover (``examples/charlm/run.py`` or ``dlrover run``); run directly it
-trains in one process. Every rank calls ``train.report`` each step and
-``Checkpointer.save`` (which persists every ``Checkpoint.persist_every_steps``).
+trains in one process. Every rank calls ``train.report`` each step (with the run's length
+and the step's job-wide samples and tokens, for the console's ETA, samples/s and tokens/s)
+and ``Checkpointer.save`` (which persists every ``Checkpoint.persist_every_steps``).
 """
 
 from __future__ import annotations
@@ -135,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
                 metrics["val_loss"] = evaluate(model, val, step.rank, step.world_size)
                 if last:
                     metrics["final_val_loss"] = metrics["val_loss"]
-            train.report(step, **metrics)
+            # samples and tokens of the whole job's step (the global batch), not of this rank
+            samples = sampler.global_batch_size
+            train.report(step, total_steps=args.steps, samples=samples, tokens=samples * args.block_size, **metrics)
             ckpt.save(step, state, force=last)
             if step.rank == 0 and (step % args.log_every == 0 or "val_loss" in metrics):
                 extra = f" val_loss {metrics['val_loss']:.4f}" if "val_loss" in metrics else ""

@@ -248,3 +248,33 @@ def test_status_of_a_running_job_has_the_rate_fields(tmp_path):
                          r"loss [\d.]+ \| goodput \d+% \| nodes 1/1 \| restarts 0 \| \d+ s \| round 0", text), text
     finally:
         run.cancel()
+
+
+@pytest.mark.parametrize("seed", range(50))
+def test_late_records_of_an_older_generation_do_not_change_the_rate(seed):
+    """The agents forward records independently: an older live generation's last steps may
+    reach the master after the newer generation's. Whatever the interleaving (seeded), the
+    rate, the ETA and the last step are those of the in-order delivery."""
+    import random
+
+    from dlrover_core.master.goodput import StepRate
+
+    old = [{"type": "step", "step": s, "t": 100.0 + 0.5 * s, "dt": 0.4, "samples": 8, "total_steps": 40}
+           for s in range(12)]
+    new = [{"type": "step", "step": s, "gen": 1, "t": 100.0 + 0.5 * s + 1.0, "dt": 0.4, "samples": 8, "total_steps": 40}
+           for s in range(10, 30)]
+    ordered = StepRate()
+    for r in old + new:
+        ordered.add(r)
+    rng = random.Random(seed)
+    cut = rng.randrange(0, len(old))  # old[cut:] arrive late, each after a random newer record
+    delivery = list(old[:cut]) + list(new)
+    for r in old[cut:]:
+        delivery.insert(rng.randrange(cut + 1, len(delivery) + 1), r)
+    shuffled = StepRate()
+    for r in delivery:
+        shuffled.add(r)
+    assert shuffled.last_step == ordered.last_step == 29
+    assert shuffled.step_time_s == pytest.approx(ordered.step_time_s)
+    assert shuffled.eta_s == pytest.approx(ordered.eta_s)
+    assert shuffled.samples_per_s == pytest.approx(ordered.samples_per_s)

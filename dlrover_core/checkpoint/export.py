@@ -27,7 +27,6 @@ import re
 import shutil
 import tempfile
 import warnings
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from typing import Any
 import attrs
 
 from dlrover_core.checkpoint.commit import committed_steps
-from dlrover_core.checkpoint.layout import DTENSORS_KEY, SHARDING_KEY, TREE_KEY, parse_header, tensor_views
+from dlrover_core.checkpoint.layout import DTENSORS_KEY, SHARDING_KEY, TREE_KEY, data_crc32, parse_header, tensor_views
 from dlrover_core.checkpoint.saver import shard_path, step_dir
 from dlrover_core.checkpoint.state_format import unflatten
 from dlrover_core.errors import CheckpointError
@@ -165,12 +164,10 @@ def _read_shard(storage: CheckpointStorage, step: int, rank: int, meta: dict[str
         return b"", ShardStatus(rank=rank, file=path, bytes=-1, crc32=crc, ok=False,
                                 error=f"{path}: cannot be read ({type(exc).__name__}: {exc})")
     try:
-        entries, _, start = parse_header(data)
+        actual = data_crc32(data)
     except CheckpointError as exc:
         return b"", ShardStatus(rank=rank, file=path, bytes=len(data), crc32=crc, ok=False, error=f"{path}: {exc}")
     if crc is not None:
-        data_len = max((e["data_offsets"][1] for e in entries.values()), default=0)
-        actual = zlib.crc32(memoryview(data)[start : start + data_len])
         if actual != crc:
             return b"", ShardStatus(rank=rank, file=path, bytes=len(data), crc32=crc, ok=False, error=(
                 f"{path}: CRC32 of its data {actual:#010x} does not match the committed {crc:#010x} "

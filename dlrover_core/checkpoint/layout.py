@@ -30,6 +30,7 @@ import json
 import struct
 import sys
 import warnings
+import zlib
 from typing import Any
 
 import attrs
@@ -322,6 +323,16 @@ def parse_header(buffer: Any, *, with_data: bool = True) -> tuple[dict[str, dict
     if with_data and 8 + n + data_len > len(view):
         raise CheckpointError("dlrover state file is shorter than its header says (torn file?)")
     return header, metadata, 8 + n
+
+
+def data_crc32(data: Any) -> int:
+    """CRC32 (zlib) of the data region of dlrover safetensors bytes: what a commit records
+    per shard (``checkpoint.json`` ``shards[rank].crc32``) and a reader checks.
+
+    Raises CheckpointError when the bytes are not a complete dlrover state file."""
+    entries, _, start = parse_header(data)
+    data_len = max((e["data_offsets"][1] for e in entries.values()), default=0)
+    return zlib.crc32(memoryview(data)[start : start + data_len])
 
 
 def tensor_views(buffer: Any, data_start: int, entries: dict[str, dict[str, Any]]) -> dict[str, Any]:

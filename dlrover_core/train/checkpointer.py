@@ -62,6 +62,7 @@ from dlrover_core.checkpoint.layout import (
     TREE_KEY,
     LayoutPlan,
     build_layout,
+    data_crc32,
     parse_header,
     tensor_views,
 )
@@ -464,11 +465,11 @@ class Checkpointer:
         except (OSError, KeyError, ValueError) as exc:
             raise CheckpointError(f"committed step {step} in {self.storage.url!r} is unreadable: "
                                   f"{type(exc).__name__}: {exc}") from exc
-        entries, _, start = parse_header(data)
         expected = entry.get("crc32")
-        if expected is not None:
-            data_len = max((e["data_offsets"][1] for e in entries.values()), default=0)
-            actual = zlib.crc32(memoryview(data)[start : start + data_len])
+        if expected is None:
+            parse_header(data)  # CheckpointError for a torn file
+        else:
+            actual = data_crc32(data)  # (parses the header too)
             if actual != expected:
                 raise CheckpointError(f"step {step} rank {src_rank}: CRC32 {actual:#x} != committed {expected:#x} "
                                       "(corrupt file)")

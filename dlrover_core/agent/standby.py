@@ -8,6 +8,13 @@ runs the entrypoint in-process as ``python`` would (``runpy``, ``__main__``, ``s
 ``sys.path[0]``). The replacement worker so skips starting Python and importing torch
 (about a second on this kind of machine).
 
+The warm-up runs at the lowest CPU priority (nice 19, for its thread and, where the kernel
+groups processes by session, for the standby's session; see :func:`_preload_at_low_priority`):
+on a node whose cores the workers keep busy, a standby waits for idle CPU instead of slowing
+the training it stands by for. Then the priority is back to what the agent started it with,
+for the worker it becomes. Where idle CPU is scarce the standby is ready later, and a
+restart before that starts a fresh process, as without standbys.
+
 Caveats: variables read when a library is imported (OpenMP's ``OMP_NUM_THREADS``) take the
 standby's value, which the agent sets to the workers' one; the process title stays this
 module's.
@@ -15,12 +22,13 @@ module's.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import runpy
 import sys
+import threading
 
-import dlrover_core.train  # noqa: F401  (what workers import, before they are needed)
 from dlrover_core.env import STANDBY_READY_FD
 from dlrover_core.plugins import get_host, reset_host
 from dlrover_core.train.progress import install_excepthook
@@ -36,6 +44,8 @@ def _preload() -> None:
     import torch  # noqa: F401  (heavy)
     import torch.distributed  # noqa: F401  (heavy)
 
+    import dlrover_core.train  # noqa: F401  (what workers import)
+
     get_host()  # plugin discovery (entry points, plugin imports): about a second, done while waiting
     # what a worker's first step loads on first use (autograd, the optimizers' torch._dynamo
     # and sympy imports): about 3 s here, that a replacement would pay before it can join
@@ -43,6 +53,70 @@ def _preload() -> None:
     optimizer = torch.optim.AdamW(model.parameters())
     model(torch.zeros(1, 2)).sum().backward()
     optimizer.step()
+
+
+#: nice value of the warm-up thread: the lowest, as ``nice -n 19`` (``setpriority(2)``)
+_PRELOAD_NICE = 19
+
+
+_AUTOGROUP = "/proc/self/autogroup"
+
+
+def _autogroup_nice() -> int | None:
+    """The nice value of this process's autogroup (``sched(7)``, "The autogroup feature"),
+    or None where there is none (not Linux, autogroups off, or inside a cgroup's CPU group,
+    where per-thread nice values rule)."""
+    try:
+        with open(_AUTOGROUP) as f:
+            return int(f.read().split()[-1])  # "/autogroup-25 nice 0"
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _set_autogroup_nice(nice: int) -> bool:
+    try:
+        with open(_AUTOGROUP, "w") as f:
+            f.write(str(nice))
+        return True
+    except OSError:
+        return False
+
+
+def _preload_at_low_priority() -> None:
+    """Run :func:`_preload` at the lowest CPU priority and wait for it.
+
+    Two mechanisms, because Linux applies one or the other: the warm-up runs in a thread of
+    nice :data:`_PRELOAD_NICE` (nice values are per thread, ``setpriority(2)``), and, where
+    the kernel groups processes by session (autogroups, ``sched(7)``: there a thread's nice
+    value only ranks it within its session, and the standby has a session of its own), the
+    session's autogroup is set to the same nice value and set back after. Setting it back
+    needs no privilege when the old value is 0 or more (only negative values do), so it is
+    lowered only then.
+
+    Raises:
+        BaseException: whatever the warm-up raised, re-raised here.
+    """
+    failure: list[BaseException] = []
+
+    def warm_up() -> None:
+        with contextlib.suppress(OSError, AttributeError):  # not Linux: the thread keeps the priority
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _PRELOAD_NICE)
+        try:
+            _preload()
+        except BaseException as exc:  # handed to the main thread
+            failure.append(exc)
+
+    group_nice = _autogroup_nice()
+    lowered = group_nice is not None and group_nice >= 0 and _set_autogroup_nice(_PRELOAD_NICE)
+    try:
+        thread = threading.Thread(target=warm_up, name="dlrover-standby-warm-up", daemon=True)
+        thread.start()
+        thread.join()
+    finally:
+        if lowered and not _set_autogroup_nice(group_nice):
+            raise RuntimeError(f"could not set the standby's autogroup nice value back to {group_nice}")
+    if failure:
+        raise failure[0]
 
 
 def _run(argv: list[str]) -> None:
@@ -73,7 +147,7 @@ def _say_ready() -> None:
 
 
 def main() -> None:
-    _preload()
+    _preload_at_low_priority()
     _say_ready()
     line = sys.stdin.readline()
     if not line:  # the agent closed the pipe without a job: not needed any more

@@ -1,0 +1,74 @@
+"""A warm standby warms up at the lowest CPU priority, and the worker it becomes does not.
+
+Nice 19 for the warm-up thread and, where the kernel has autogroups, for the standby's
+session: without the second, a 2-core machine's training steps ran 2x slower while two
+standbys warmed up, whatever the thread's nice value.
+
+Real processes: the agent's :class:`Standby` starts ``python -m dlrover_core.agent.standby``;
+the priorities are read from ``/proc`` (each thread's nice value, field 19 of its ``stat``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dlrover_core.agent.workers import Standby
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
+
+
+def _thread_nices(pid: int) -> dict[int, int]:
+    """Thread id -> nice value of every thread of ``pid`` (``proc(5)``, ``/proc/pid/task/tid/stat``)."""
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue  # the thread ended meanwhile
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        out[int(task.name)] = int(fields[16])  # field 19 of stat: nice
+    return out
+
+
+def test_standby_warms_up_at_nice_19_and_its_worker_runs_at_the_agents_priority(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(
+        "import os, threading\n"
+        "print('worker_nice', os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), flush=True)\n"
+        "if os.path.exists('/proc/self/autogroup'):\n"
+        "    print('autogroup_nice', open('/proc/self/autogroup').read().split()[-1], flush=True)\n"
+    )
+    autogroup = Path("/proc/self/autogroup")
+    group_nice = int(autogroup.read_text().split()[-1]) if autogroup.exists() else None
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    standby = Standby(env=env, cwd=str(tmp_path))
+    try:
+        seen_low = False
+        seen_low_group = group_nice is None or group_nice < 0  # lowered only where it can be set back
+        deadline = time.monotonic() + 120
+        while not standby.ready():
+            assert standby.alive(), "the standby exited while warming up"
+            assert time.monotonic() < deadline, "the standby was not ready within 120 s"
+            nices = _thread_nices(standby.popen.pid)
+            assert nices.get(standby.popen.pid) == os.getpriority(os.PRIO_PROCESS, 0), nices  # main thread
+            seen_low = seen_low or 19 in nices.values()
+            if not seen_low_group:
+                line = Path(f"/proc/{standby.popen.pid}/autogroup").read_text()
+                seen_low_group = line.split()[-1] == "19"
+            time.sleep(0.02)
+        assert seen_low, "no thread of the standby warmed up at nice 19"
+        assert seen_low_group, "the standby's autogroup did not warm up at nice 19"
+        proc = standby.activate(argv=[sys.executable, "-u", str(script)], env=env, cwd=str(tmp_path))
+        out = proc.stdout.read()  # its stdin is closed already: not communicate()
+        proc.wait(timeout=60)
+    finally:
+        standby.close()
+    assert proc.returncode == 0, out
+    assert f"worker_nice {os.getpriority(os.PRIO_PROCESS, 0)}" in out.decode(), out
+    if group_nice is not None:
+        assert f"autogroup_nice {group_nice}" in out.decode(), out

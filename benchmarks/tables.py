@@ -190,7 +190,73 @@ def render_recovery(doc: dict) -> str:
         met = get(doc, "met", key)
         rows.append([f"`{key}`", plain(get(doc, "ratios", key)), str(goals[key]),
                      DASH if met is None else ("yes" if met else "no")])
-    return md_table(["ratio", "result", "goal", "met"], rows)
+    out = md_table(["ratio", "result", "goal", "met"], rows)
+    sides = recovery_sides(doc)
+    if sides:
+        out += "\n\n" + sides
+    return out
+
+
+#: the sides of experiment a, as the JSON names them
+RECOVERY_SIDES = ("dlrover-core", "torchrun", "torchft")
+#: per kill measure -> its row label (``kill_samples[i]["<measure>_s"]``)
+RECOVERY_MEASURES = {
+    "survivor_step": "kill → a survivor's next step",
+    "next_step": "kill → the replacement's first step",
+    "full_world": "kill → the full world again",
+}
+
+
+def _spread(values: list[float], places: int = 2) -> str:
+    """``median (min–max), n=N`` of ``values``, or "—"."""
+    values = [v for v in values if _is_num(v)]
+    if not values:
+        return DASH
+    mid = fixed(statistics.median(values), places)
+    if len(values) == 1:
+        return f"{mid} (n=1)"
+    return f"{mid} ({fixed(min(values), places)}–{fixed(max(values), places)}), n={len(values)}"
+
+
+def recovery_sides(doc: dict) -> str:
+    """Experiment a per side: each kill measure as median (min–max) over the kills of every
+    run of a (``mtbf``, and ``series`` in a full run) whose measure came before the next kill
+    (``<measure>_uninterrupted``, the benchmark's own filter), then the run of a with random
+    failures (``mtbf``): time to finish, goodput, launch to first step, step time."""
+    a = get(doc, "results", "a", default={}) or {}
+    sides = [s for s in RECOVERY_SIDES if isinstance(get(a, "mtbf", s), dict) and get(a, "mtbf", s, "wall_s") is not None]
+    if not sides:
+        return ""
+
+    def samples(side: str, measure: str) -> list[float]:
+        out = []
+        for run in ("mtbf", "series"):
+            for k in get(a, run, side, "kill_samples", default=[]) or []:
+                if isinstance(k, dict) and k.get(f"{measure}_uninterrupted"):
+                    out.append(k.get(f"{measure}_s"))
+        return out
+
+    def run_value(key: str, places: int) -> Callable[[str], str]:
+        return lambda side: fixed(get(a, "mtbf", side, key), places)
+
+    def step_full(side: str) -> str:
+        v = get(a, "mtbf", side, "step_dt_median_full_world_s")
+        return fixed(v, 3) if _is_num(v) else DASH
+
+    rows = [[label, *(_spread(samples(s, m)) for s in sides)] for m, label in RECOVERY_MEASURES.items()]
+    for label, fn in (
+        ("kills (run with random failures + the series)", lambda s: str(sum(
+            len(get(a, run, s, "kills", default=[]) or []) for run in ("mtbf", "series")))),
+        ("time to finish, random failures", run_value("wall_s", 1)),
+        ("goodput (same definition on every side)", run_value("goodput", 3)),
+        ("launch → first step", run_value("launch_to_first_step_s", 1)),
+        ("step time, median (every step)", run_value("step_dt_median_s", 3)),
+        ("step time, median (world size 2)", step_full),
+        ("steps trained again (progress records)", lambda s: plain(get(a, "mtbf", s, "recomputed_steps_from_progress"))),
+    ):
+        rows.append([label, *(fn(s) for s in sides)])
+    names = {"dlrover-core": "dlrover-core", "torchrun": "torchrun", "torchft": "TorchFT"}
+    return md_table(["experiment a (seconds unless named)", *(names[s] for s in sides)], rows)
 
 
 def _goals_in_source(path: Path) -> dict:

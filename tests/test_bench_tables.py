@@ -312,3 +312,28 @@ def test_checkpoint_merge_adds_a_size_measured_by_another_run():
     assert again["sizes"]["8192"]["run"]["command"] == "rerun"
     assert sum(1 for r in again["series"] if r["size_mib"] == 8192) == sum(1 for r in new["series"])
     assert "8192" in tables.render_checkpoint(merged) or "4 GiB" in tables.render_checkpoint(merged)
+
+
+def test_recovery_sides_pool_the_kills_of_both_runs_and_keep_only_uninterrupted_ones():
+    def kill(s, ok=True):
+        return {"survivor_step_s": s, "survivor_step_uninterrupted": ok,
+                "next_step_s": s * 10, "next_step_uninterrupted": ok}
+
+    doc = {"results": {"a": {
+        "mtbf": {
+            "dlrover-core": {"wall_s": 60.04, "goodput": 0.8126, "step_dt_median_full_world_s": 0.1712,
+                             "kills": [{}, {}, {}], "kill_samples": [kill(0.5), kill(0.9, ok=False), kill(0.3)]},
+            "torchrun": {"wall_s": 50.0, "kills": [{}], "kill_samples": [{"next_step_s": 3.5, "next_step_uninterrupted": True}]},
+        },
+        "series": {"dlrover-core": {"kills": [{}, {}], "kill_samples": [kill(0.4), kill(0.7)]}},
+    }}}
+    out = tables.recovery_sides(doc)
+    lines = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in out.splitlines()[2:]}
+    # 0.5, 0.3, 0.4, 0.7 (0.9 came after the next kill): median 0.45, 4 samples
+    assert lines["kill → a survivor's next step"] == ["0.45 (0.30–0.70), n=4", "—"]
+    assert lines["kill → the replacement's first step"] == ["4.50 (3.00–7.00), n=4", "3.50 (n=1)"]
+    assert lines["kills (run with random failures + the series)"] == ["5", "1"]
+    assert lines["time to finish, random failures"] == ["60.0", "50.0"]
+    assert lines["goodput (same definition on every side)"] == ["0.813", "—"]
+    assert lines["step time, median (world size 2)"] == ["0.171", "—"]
+    assert "TorchFT" not in out.splitlines()[0]  # a side that did not run has no column

@@ -181,7 +181,7 @@ RECOVERY_ORDER = (
 )
 
 
-@renderer("recovery", "recovery-quick.json")
+@renderer("recovery", "recovery.json")
 def render_recovery(doc: dict) -> str:
     goals = get(doc, "goals", default={}) or {}
     keys = [k for k in RECOVERY_ORDER if k in goals] + [k for k in goals if k not in RECOVERY_ORDER]
@@ -250,6 +250,7 @@ def recovery_sides(doc: dict) -> str:
         ("time to finish, random failures", run_value("wall_s", 1)),
         ("goodput (same definition on every side)", run_value("goodput", 3)),
         ("launch → first step", run_value("launch_to_first_step_s", 1)),
+        ("checkpoint stalls, total", run_value("checkpoint_stall_total_s", 1)),
         ("step time, median (every step)", run_value("step_dt_median_s", 3)),
         ("step time, median (world size 2)", step_full),
         ("steps trained again (progress records)", lambda s: plain(get(a, "mtbf", s, "recomputed_steps_from_progress"))),

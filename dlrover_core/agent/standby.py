@@ -98,6 +98,10 @@ def _preload_at_low_priority() -> None:
     """
     failure: list[BaseException] = []
 
+    # Threads the warm-up starts would keep nice 19 after it: its tensors stay tiny, so torch
+    # starts no OpenMP pool (checked: only the main thread is left when the standby is
+    # ready). A warm-up that fails (a plugin that installs a signal handler at import, which
+    # only the main thread may) ends the standby, and restarts start fresh processes.
     def warm_up() -> None:
         with contextlib.suppress(OSError, AttributeError):  # not Linux: the thread keeps the priority
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _PRELOAD_NICE)

@@ -63,6 +63,8 @@ def test_standby_warms_up_at_nice_19_and_its_worker_runs_at_the_agents_priority(
             time.sleep(0.02)
         assert seen_low, "no thread of the standby warmed up at nice 19"
         assert seen_low_group, "the standby's autogroup did not warm up at nice 19"
+        left = _thread_nices(standby.popen.pid)  # no thread the warm-up started keeps nice 19
+        assert set(left.values()) == {os.getpriority(os.PRIO_PROCESS, 0)}, left
         proc = standby.activate(argv=[sys.executable, "-u", str(script)], env=env, cwd=str(tmp_path))
         out = proc.stdout.read()  # its stdin is closed already: not communicate()
         proc.wait(timeout=60)

@@ -29,6 +29,7 @@ import runpy
 import sys
 import threading
 
+import dlrover_core.train  # noqa: F401  (what workers import, before they are needed)
 from dlrover_core.env import STANDBY_READY_FD
 from dlrover_core.plugins import get_host, reset_host
 from dlrover_core.train.progress import install_excepthook
@@ -43,8 +44,6 @@ def _preload() -> None:
     import safetensors.torch  # noqa: F401  (heavy)
     import torch  # noqa: F401  (heavy)
     import torch.distributed  # noqa: F401  (heavy)
-
-    import dlrover_core.train  # noqa: F401  (what workers import)
 
     get_host()  # plugin discovery (entry points, plugin imports): about a second, done while waiting
     # what a worker's first step loads on first use (autograd, the optimizers' torch._dynamo

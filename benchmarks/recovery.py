@@ -338,9 +338,10 @@ def _side_summary(name: str, records: list[dict], events: list[dict], kills: lis
     wall = (t_end or time.time()) - t_launch
     stalls = [r["stall_s"] for r in records if r.get("type") in ("checkpoint", "save")]
     dts = [r["dt"] for r in records if r.get("type") == "step"]
-    # steps of the full world only (dlrover-core's records say their world; the others' steps
-    # all run at full size: torchrun restarts every worker, a degraded TorchFT step is rank 0's too)
-    full_dts = [r["dt"] for r in records if r.get("type") == "step" and r.get("world", FULL_WORLD) == FULL_WORLD]
+    # steps of the full world only: dlrover-core's records say their world, TorchFT's their
+    # quorum's ``participants``; torchrun's all run at full size (it restarts every worker)
+    full_dts = [r["dt"] for r in records if r.get("type") == "step"
+                and r.get("world", r.get("participants", FULL_WORLD)) == FULL_WORLD]
     if restores is None:
         restores = [r for r in records if r.get("type") == "restore"]
     samples = kill_samples(kills, events, full_world=FULL_WORLD)

@@ -239,10 +239,6 @@ def recovery_sides(doc: dict) -> str:
     def run_value(key: str, places: int) -> Callable[[str], str]:
         return lambda side: fixed(get(a, "mtbf", side, key), places)
 
-    def step_full(side: str) -> str:
-        v = get(a, "mtbf", side, "step_dt_median_full_world_s")
-        return fixed(v, 3) if _is_num(v) else DASH
-
     rows = [[label, *(_spread(samples(s, m)) for s in sides)] for m, label in RECOVERY_MEASURES.items()]
     for label, fn in (
         ("kills (run with random failures + the series)", lambda s: str(sum(
@@ -252,12 +248,11 @@ def recovery_sides(doc: dict) -> str:
         ("launch → first step", run_value("launch_to_first_step_s", 1)),
         ("checkpoint stalls, total", run_value("checkpoint_stall_total_s", 1)),
         ("step time, median (every step)", run_value("step_dt_median_s", 3)),
-        ("step time, median (world size 2)", step_full),
+        ("step time, median (world size 2)", run_value("step_dt_median_full_world_s", 3)),
         ("steps trained again (progress records)", lambda s: plain(get(a, "mtbf", s, "recomputed_steps_from_progress"))),
     ):
         rows.append([label, *(fn(s) for s in sides)])
-    names = {"dlrover-core": "dlrover-core", "torchrun": "torchrun", "torchft": "TorchFT"}
-    return md_table(["experiment a (seconds unless named)", *(names[s] for s in sides)], rows)
+    return md_table(["experiment a (seconds unless named)", *({"torchft": "TorchFT"}.get(s, s) for s in sides)], rows)
 
 
 def _goals_in_source(path: Path) -> dict:

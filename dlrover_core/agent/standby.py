@@ -63,8 +63,9 @@ _AUTOGROUP = "/proc/self/autogroup"
 
 def _autogroup_nice() -> int | None:
     """The nice value of this process's autogroup (``sched(7)``, "The autogroup feature"),
-    or None where there is none (not Linux, autogroups off, or inside a cgroup's CPU group,
-    where per-thread nice values rule)."""
+    or None where the kernel has none (not Linux, or built without autogroups). Inside a CPU
+    cgroup, or with ``kernel.sched_autogroup_enabled=0``, the value is there but the kernel
+    does not use it; per-thread nice values rule then, and lowering it changes nothing."""
     try:
         with open(_AUTOGROUP) as f:
             return int(f.read().split()[-1])  # "/autogroup-25 nice 0"

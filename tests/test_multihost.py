@@ -126,6 +126,15 @@ class Job:
             out[path] = steps
         return out
 
+    def why_replaced(self, i: int) -> str:
+        """Host ``i``'s progress files and what its output says of workers that exited or
+        were replaced (the lines that tell why)."""
+        files = {Path(path).name: len(steps) for path, steps in self.steps(i).items()}
+        marks = ("worker_exited", "worker_replaced", "live_worker_stuck", "live_collective_failed",
+                 "live_recovery_ended", "Traceback", "Error")
+        lines = [line for line in self.output(i).splitlines() if any(m in line for m in marks)]
+        return f"progress files (steps each) {files}; lines:\n" + "\n".join(line[:400] for line in lines[-40:])
+
     def last_step(self, i: int) -> int:
         return max((s[-1] for s in self.steps(i).values() if s), default=-1)
 
@@ -287,7 +296,9 @@ def test_charlm_host_cut_off_others_go_on_and_it_rejoins(hosts, jobs, tmp_path):
     # the survivors' workers never restarted: one worker process each, every step applied once
     for i in survivors:
         assert re.findall(r"workers_started .*", job.output(i)) == started[i], job.output(i)
-        (steps,) = [s for s in job.steps(i).values()]
+        per_process = job.steps(i)
+        assert len(per_process) == 1, f"host {i}'s worker was replaced: {job.why_replaced(i)}\n{job.diagnose()}"
+        (steps,) = per_process.values()
         assert steps == list(range(end_at + 1)), f"host {i}'s worker skipped or repeated a step: {steps}"
     check_committed_steps(job.ck)
     assert not any(hosts.pids(i) for i in range(3)), "processes left on a host"

@@ -17,9 +17,20 @@ from pathlib import Path
 
 import pytest
 
+from dlrover_core.agent import standby as standby_module
 from dlrover_core.agent.workers import Standby
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
+
+
+def _autogroup_nice(pid: int | str = "self") -> int | None:
+    """The nice value of ``pid``'s autogroup; None where the file is missing, or empty (the
+    session is in the kernel's default group, as in CI's containers: ``sched(7)``)."""
+    try:
+        fields = Path(f"/proc/{pid}/autogroup").read_text().split()  # "/autogroup-25 nice 0"
+    except OSError:
+        return None
+    return int(fields[-1]) if fields else None
 
 
 def _thread_nices(pid: int) -> dict[int, int]:
@@ -40,11 +51,11 @@ def test_standby_warms_up_at_nice_19_and_its_worker_runs_at_the_agents_priority(
     script.write_text(
         "import os, threading\n"
         "print('worker_nice', os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), flush=True)\n"
-        "if os.path.exists('/proc/self/autogroup'):\n"
-        "    print('autogroup_nice', open('/proc/self/autogroup').read().split()[-1], flush=True)\n"
+        "fields = open('/proc/self/autogroup').read().split() if os.path.exists('/proc/self/autogroup') else []\n"
+        "if fields:\n"
+        "    print('autogroup_nice', fields[-1], flush=True)\n"
     )
-    autogroup = Path("/proc/self/autogroup")
-    group_nice = int(autogroup.read_text().split()[-1]) if autogroup.exists() else None
+    group_nice = _autogroup_nice()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     standby = Standby(env=env, cwd=str(tmp_path))
     try:
@@ -58,8 +69,7 @@ def test_standby_warms_up_at_nice_19_and_its_worker_runs_at_the_agents_priority(
             assert nices.get(standby.popen.pid) == os.getpriority(os.PRIO_PROCESS, 0), nices  # main thread
             seen_low = seen_low or 19 in nices.values()
             if not seen_low_group:
-                line = Path(f"/proc/{standby.popen.pid}/autogroup").read_text()
-                seen_low_group = line.split()[-1] == "19"
+                seen_low_group = _autogroup_nice(standby.popen.pid) == 19
             time.sleep(0.02)
         assert seen_low, "no thread of the standby warmed up at nice 19"
         assert seen_low_group, "the standby's autogroup did not warm up at nice 19"
@@ -74,3 +84,16 @@ def test_standby_warms_up_at_nice_19_and_its_worker_runs_at_the_agents_priority(
     assert f"worker_nice {os.getpriority(os.PRIO_PROCESS, 0)}" in out.decode(), out
     if group_nice is not None:
         assert f"autogroup_nice {group_nice}" in out.decode(), out
+
+
+@pytest.mark.parametrize(("text", "expected"), [("/autogroup-25 nice 0\n", 0), ("/autogroup-7 nice 5\n", 5),
+                                                ("", None), (None, None)])
+def test_autogroup_nice_reads_the_kernels_line_and_none_where_the_session_has_no_group(
+        tmp_path, monkeypatch, text, expected):
+    # the kernel writes nothing for a session in its default group (CI's containers), and
+    # kernels without autogroups have no file at all
+    path = tmp_path / "autogroup"
+    if text is not None:
+        path.write_text(text)
+    monkeypatch.setattr(standby_module, "_AUTOGROUP", str(path))
+    assert standby_module._autogroup_nice() == expected

@@ -63,9 +63,11 @@ _AUTOGROUP = "/proc/self/autogroup"
 
 def _autogroup_nice() -> int | None:
     """The nice value of this process's autogroup (``sched(7)``, "The autogroup feature"),
-    or None where the kernel has none (not Linux, or built without autogroups). Inside a CPU
-    cgroup, or with ``kernel.sched_autogroup_enabled=0``, the value is there but the kernel
-    does not use it; per-thread nice values rule then, and lowering it changes nothing."""
+    or None where it has none: not Linux, a kernel built without autogroups, or a session in
+    the kernel's default group (the file is there but empty: a session begun while
+    autogroups were off, e.g. in some containers). Inside a CPU cgroup, or with
+    ``kernel.sched_autogroup_enabled=0``, the value may be there but the kernel does not use
+    it; per-thread nice values rule then, and lowering it changes nothing."""
     try:
         with open(_AUTOGROUP) as f:
             return int(f.read().split()[-1])  # "/autogroup-25 nice 0"

@@ -18,6 +18,8 @@ ranks persist different steps and none was ever committed).
 from __future__ import annotations
 
 import contextlib
+import mmap
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,14 +28,18 @@ from dlrover_core.checkpoint.layout import CopyTargets, Layout, parse_header, te
 from dlrover_core.checkpoint.shm import (
     FLAG_PERSIST,
     HEADER_SIZE,
+    SHM_DIR,
     SlotHeader,
     SnapshotSlot,
     segment_name,
     shm_free_bytes,
 )
 from dlrover_core.errors import CheckpointError
+from dlrover_core.logging import get_logger
 
-__all__ = ["MemorySnapshots", "ShmTooSmall"]
+__all__ = ["MemorySnapshots", "ShmTooSmall", "prefault_for_restore", "release_prefaulted", "take_prefaulted"]
+
+log = get_logger()
 
 SLOTS = 2
 _ALIGN = 4096
@@ -72,6 +78,8 @@ class MemorySnapshots:
                  wait_timeout_s: float = 600.0) -> None:
         self.rank = rank
         self.round = round_index
+        #: what names these slots and the snapshots they write (see :func:`take_prefaulted`)
+        self.key = (job_id, node_id, rank, agent, round_index)
         self.wait_timeout_s = wait_timeout_s
         self.waited_s = 0.0  # seconds the last save waited for the persister
         self.slots = []
@@ -228,7 +236,94 @@ class MemorySnapshots:
                 if h.step > step or (keep_round is not None and h.step == step and h.round != keep_round):
                     slot.abandon()
 
+    def prefault(self) -> threading.Thread | None:
+        """Start faulting the pages of this rank's complete snapshots into this process's
+        page tables, in a daemon thread (returned; ``None``: no snapshot to fault in).
+
+        A fresh process that maps a slot takes a page fault on the first touch of each 4 KiB
+        page: at 1 GiB about 0.09 s of a one-thread restore's 0.17 s (measured on 2 cores),
+        paid inside ``load()``. Started at ``train.init()``, the faults overlap with building
+        the model. Only reads: a save or ``close()`` meanwhile keeps the mapping alive while the
+        thread's view exists (:meth:`SnapshotSlot._remap`)."""
+        slots = []
+        for slot in self.slots:
+            try:
+                h = slot.header()  # no lock: a torn answer only picks which pages to touch
+            except Exception:  # (a header being written) not worth a failed start
+                continue
+            if h is not None and h.live and h.rank == self.rank and slot.mm is not None:
+                slots.append((h.seq, slot.mm))
+        if not slots:
+            return None
+        maps = [m for _, m in sorted(slots, key=lambda s: s[0], reverse=True)]  # the newest first
+        thread = threading.Thread(target=_touch_pages, args=(maps,), name="dlrover-shm-prefault", daemon=True)
+        thread.start()
+        return thread
+
     def close(self) -> None:
         self._targets.clear()  # views of the mappings: they would keep them open
         for slot in self.slots:
             slot.close()
+
+
+def _touch_pages(maps: list[mmap.mmap]) -> None:
+    """Read one byte of every page of each mapping (numpy lets go of the GIL meanwhile)."""
+    import numpy as np  # heavy: numpy
+
+    for m in maps:
+        try:
+            pages = np.frombuffer(m, dtype=np.uint8)[:: mmap.PAGESIZE]
+        except (ValueError, TypeError):  # closed meanwhile
+            continue
+        pages.max()
+        del pages
+
+
+#: The snapshots :func:`prefault_for_restore` mapped, until a Checkpointer takes them.
+_prefaulted: MemorySnapshots | None = None
+_prefaulted_lock = threading.Lock()
+
+
+def prefault_for_restore(*, job_id: str, node_id: int, rank: int, agent: int, round_index: int) -> bool:
+    """At ``train.init()`` of a worker started by an agent: map this rank's snapshot slots
+    and begin faulting in the pages of its complete snapshots (:meth:`MemorySnapshots.prefault`),
+    so that a restarted worker's first ``load()`` from memory copies without page faults.
+    The mapping waits for :func:`take_prefaulted`. Returns whether a snapshot is being
+    faulted in (none on a fresh start: no segment of this rank exists, none is created)."""
+    global _prefaulted
+    names = [segment_name(job_id, node_id, rank, s, agent) for s in range(SLOTS)]
+    if not any((SHM_DIR / name).exists() for name in names):
+        return False
+    snapshots = MemorySnapshots(job_id=job_id, node_id=node_id, rank=rank, agent=agent, round_index=round_index)
+    thread = snapshots.prefault()
+    with _prefaulted_lock:
+        old, _prefaulted = _prefaulted, snapshots
+    if old is not None:
+        old.close()
+    log.debug("checkpoint_prefault_started", rank=rank, started=thread is not None)
+    return thread is not None
+
+
+def take_prefaulted(*, job_id: str, node_id: int, rank: int, agent: int, round_index: int,
+                    wait_timeout_s: float) -> MemorySnapshots | None:
+    """The snapshots :func:`prefault_for_restore` mapped, if they are these (same job, node,
+    rank, agent and round); else ``None`` (and they are let go)."""
+    global _prefaulted
+    with _prefaulted_lock:
+        snapshots, _prefaulted = _prefaulted, None
+    if snapshots is None:
+        return None
+    if snapshots.key != (job_id, node_id, rank, agent, round_index):
+        snapshots.close()
+        return None
+    snapshots.wait_timeout_s = wait_timeout_s
+    return snapshots
+
+
+def release_prefaulted() -> None:
+    """Let go of prefaulted snapshots no Checkpointer will take (memory snapshots are off)."""
+    global _prefaulted
+    with _prefaulted_lock:
+        snapshots, _prefaulted = _prefaulted, None
+    if snapshots is not None:
+        snapshots.close()

@@ -66,7 +66,7 @@ from dlrover_core.checkpoint.layout import (
     parse_header,
     tensor_views,
 )
-from dlrover_core.checkpoint.memory import MemorySnapshots, ShmTooSmall
+from dlrover_core.checkpoint.memory import MemorySnapshots, ShmTooSmall, release_prefaulted, take_prefaulted
 from dlrover_core.checkpoint.rng import get_rng_state, set_rng_state
 from dlrover_core.checkpoint.saver import shard_path, step_dir
 from dlrover_core.errors import CheckpointError
@@ -195,6 +195,7 @@ class Checkpointer:
         self._layout_plan: LayoutPlan | None = None  # the last save's layout plan (see build_layout)
         if self.config.memory_every_steps == 0:
             self._memory_off_reason = "checkpoint.memory_every_steps is 0"
+            release_prefaulted()
         elif self._client is None:
             self._memory_off_reason = "not started by a dlrover agent"
         else:  # both a save and a restore need these: not on the first restore's clock
@@ -215,9 +216,11 @@ class Checkpointer:
             self._memory.close()
             self._memory = None
         if self._memory is None and self._memory_off_reason is None:
-            self._memory = MemorySnapshots(job_id=self._job_id, node_id=int(self._node_id or 0), rank=rank,
-                                           agent=self._agent, round_index=self._round,
-                                           wait_timeout_s=self.config.persist_timeout_s)
+            where = {"job_id": self._job_id, "node_id": int(self._node_id or 0), "rank": rank, "agent": self._agent,
+                     "round_index": self._round}
+            # train.init() mapped them already and faulted their pages in (a restarted worker)
+            self._memory = (take_prefaulted(**where, wait_timeout_s=self.config.persist_timeout_s)
+                            or MemorySnapshots(**where, wait_timeout_s=self.config.persist_timeout_s))
         return self._memory
 
     def _disable_memory(self, reason: str) -> None:

@@ -289,10 +289,11 @@ def prefault_for_restore(*, job_id: str, node_id: int, rank: int, agent: int, ro
     and begin faulting in the pages of its complete snapshots (:meth:`MemorySnapshots.prefault`),
     so that a restarted worker's first ``load()`` from memory copies without page faults.
     The mapping waits for :func:`take_prefaulted`. Returns whether a snapshot is being
-    faulted in (none on a fresh start: no segment of this rank exists, none is created)."""
+    faulted in (none on a fresh start). Creates no segment: the slots of a rank that saved
+    exist together (the first save's :class:`MemorySnapshots` made both)."""
     global _prefaulted
     names = [segment_name(job_id, node_id, rank, s, agent) for s in range(SLOTS)]
-    if not any((SHM_DIR / name).exists() for name in names):
+    if not all((SHM_DIR / name).exists() for name in names):
         return False
     snapshots = MemorySnapshots(job_id=job_id, node_id=node_id, rank=rank, agent=agent, round_index=round_index)
     thread = snapshots.prefault()
@@ -321,7 +322,8 @@ def take_prefaulted(*, job_id: str, node_id: int, rank: int, agent: int, round_i
 
 
 def release_prefaulted() -> None:
-    """Let go of prefaulted snapshots no Checkpointer will take (memory snapshots are off)."""
+    """Let go of prefaulted snapshots no Checkpointer will take (memory snapshots are off, or
+    the training loop began without one)."""
     global _prefaulted
     with _prefaulted_lock:
         snapshots, _prefaulted = _prefaulted, None

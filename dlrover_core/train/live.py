@@ -48,6 +48,7 @@ from typing import Any
 import attrs
 
 from dlrover_core import env
+from dlrover_core.checkpoint.memory import release_prefaulted
 from dlrover_core.errors import DLRoverError, MasterUnavailableError
 from dlrover_core.logging import get_logger
 from dlrover_core.parallel.ddp import replicated_modules
@@ -194,6 +195,7 @@ class _Loop:
     # ----- the loop --------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Step]:
+        release_prefaulted()  # a script that restores builds its Checkpointer before the loop
         try:
             if self.live:
                 self._start()

@@ -67,8 +67,8 @@ def _prefault_snapshots(rank: int, job: Any) -> None:
         prefault_for_restore(job_id=os.environ[env.JOB_ID], node_id=int(os.environ[env.NODE_ID]), rank=rank,
                              agent=int(os.environ.get(env.AGENT_TOKEN, "0") or 0),
                              round_index=int(os.environ.get(env.ROUND, "0")))
-    except (OSError, ValueError) as exc:  # the restore maps them itself
-        log.debug("checkpoint_prefault_failed", rank=rank, error=str(exc))
+    except Exception as exc:  # an optimisation only: the restore maps them itself
+        log.debug("checkpoint_prefault_failed", rank=rank, error=f"{type(exc).__name__}: {exc}")
 
 
 def init(*, timeout_s: float | None = None) -> WorkerInfo:

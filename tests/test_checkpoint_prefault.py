@@ -18,7 +18,7 @@ import time
 import pytest
 from test_checkpoint_fast_path import assert_bit_exact, make_state
 
-from dlrover_core import Checkpoint, Failure, Job, JobState
+from dlrover_core import Checkpoint, Failure, Job, JobState, train
 from dlrover_core.checkpoint.layout import build_layout
 from dlrover_core.checkpoint.memory import MemorySnapshots, prefault_for_restore, take_prefaulted
 from dlrover_core.checkpoint.shm import SHM_DIR, remove_segments
@@ -171,3 +171,14 @@ def test_prefaulted_slots_of_another_rank_are_let_go(job_id):
             assert_bit_exact(views, make_state(1))
     finally:
         mine.close()
+
+
+def test_a_training_loop_lets_go_of_slots_no_checkpointer_took(job_id):
+    """A script whose loop begins without a Checkpointer holds no mapping for nothing."""
+    old = MemorySnapshots(job_id=job_id, node_id=0, rank=0)
+    old.save(build_layout({"state": make_state(1)}, step=1, rank=0, world_size=1), step=1, world_size=1,
+             persist=False)
+    old.close()
+    assert prefault_for_restore(job_id=job_id, node_id=0, rank=0, agent=0, round_index=0)
+    assert list(train.steps(2, {})) == [0, 1]  # outside a job: a plain loop
+    assert take_prefaulted(job_id=job_id, node_id=0, rank=0, agent=0, round_index=0, wait_timeout_s=1.0) is None

@@ -66,7 +66,13 @@ from dlrover_core.checkpoint.layout import (
     parse_header,
     tensor_views,
 )
-from dlrover_core.checkpoint.memory import MemorySnapshots, ShmTooSmall, release_prefaulted, take_prefaulted
+from dlrover_core.checkpoint.memory import (
+    MemorySnapshots,
+    ShmTooSmall,
+    prefault_for_restore,
+    release_prefaulted,
+    take_prefaulted,
+)
 from dlrover_core.checkpoint.rng import get_rng_state, set_rng_state
 from dlrover_core.checkpoint.saver import shard_path, step_dir
 from dlrover_core.errors import CheckpointError
@@ -150,6 +156,34 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def _started_by_agent() -> bool:
+    """Whether a dlrover agent started this worker (its master's address and node id are set):
+    memory snapshots need one."""
+    return bool(os.environ.get(env.MASTER_ADDR)) and os.environ.get(env.NODE_ID) is not None
+
+
+def _snapshot_place(rank: int) -> dict[str, Any]:
+    """What names ``rank``'s snapshot segments: the job, node, agent token and round, from the
+    environment the agent gave this worker."""
+    return {"job_id": os.environ.get(env.JOB_ID, ""), "node_id": int(os.environ.get(env.NODE_ID) or 0),
+            "rank": rank, "agent": int(os.environ.get(env.AGENT_TOKEN, "0") or 0),
+            "round_index": int(os.environ.get(env.ROUND, "0"))}
+
+
+def prefault_restore(rank: int) -> None:
+    """Called by ``train.init()``: a restarted worker's snapshots in /dev/shm are mapped now and
+    their pages faulted in while the script builds its model, off the clock of its first
+    :meth:`Checkpointer.load` (:func:`~dlrover_core.checkpoint.memory.prefault_for_restore`).
+    Nothing happens where a Checkpointer would keep no memory snapshots."""
+    job = current_job()
+    if not _started_by_agent() or (job is not None and job.checkpoint.memory_every_steps == 0):
+        return
+    try:
+        prefault_for_restore(**_snapshot_place(rank))
+    except Exception as exc:  # an optimisation only: the restore maps them itself
+        log.debug("checkpoint_prefault_failed", rank=rank, error=f"{type(exc).__name__}: {exc}")
+
+
 class Checkpointer:
     """Saves and restores a worker's training state, RNG states included.
 
@@ -188,7 +222,7 @@ class Checkpointer:
         self._agent = int(os.environ.get(env.AGENT_TOKEN, "0") or 0)
         self.restored_step: int | None = None  # the step load() restored (a save at or below it is a replay)
         self._client = None
-        if os.environ.get(env.MASTER_ADDR) and self._node_id is not None:
+        if _started_by_agent():
             self._client = MasterClient(os.environ[env.MASTER_ADDR])
         self._memory: MemorySnapshots | None = None
         self._memory_off_reason: str | None = None
@@ -216,8 +250,7 @@ class Checkpointer:
             self._memory.close()
             self._memory = None
         if self._memory is None and self._memory_off_reason is None:
-            where = {"job_id": self._job_id, "node_id": int(self._node_id or 0), "rank": rank, "agent": self._agent,
-                     "round_index": self._round}
+            where = _snapshot_place(rank)
             # train.init() mapped them already and faulted their pages in (a restarted worker)
             self._memory = (take_prefaulted(**where, wait_timeout_s=self.config.persist_timeout_s)
                             or MemorySnapshots(**where, wait_timeout_s=self.config.persist_timeout_s))

@@ -17,9 +17,9 @@ from typing import Any
 import attrs
 
 from dlrover_core import env
-from dlrover_core.checkpoint.memory import prefault_for_restore
 from dlrover_core.logging import get_logger
 from dlrover_core.plugins import get_host
+from dlrover_core.train.checkpointer import prefault_restore
 from dlrover_core.train.context import WorkerInfo, current_job, is_joiner, is_live, worker_info
 from dlrover_core.train.progress import get_writer, install_excepthook
 
@@ -55,22 +55,6 @@ def _register_stack_dump() -> None:
         faulthandler.register(signal.SIGUSR1, file=open(path, "a"), all_threads=True)
 
 
-def _prefault_snapshots(rank: int, job: Any) -> None:
-    """A restarted worker's snapshots in /dev/shm: map them now and fault their pages in
-    while the script builds its model, off the clock of its first ``load()``
-    (:func:`dlrover_core.checkpoint.memory.prefault_for_restore`)."""
-    if not (os.environ.get(env.JOB_ID) and os.environ.get(env.NODE_ID) and os.environ.get(env.MASTER_ADDR)):
-        return  # not started by a dlrover agent: no memory snapshots (as Checkpointer decides)
-    if job is not None and job.checkpoint.memory_every_steps == 0:
-        return
-    try:
-        prefault_for_restore(job_id=os.environ[env.JOB_ID], node_id=int(os.environ[env.NODE_ID]), rank=rank,
-                             agent=int(os.environ.get(env.AGENT_TOKEN, "0") or 0),
-                             round_index=int(os.environ.get(env.ROUND, "0")))
-    except Exception as exc:  # an optimisation only: the restore maps them itself
-        log.debug("checkpoint_prefault_failed", rank=rank, error=f"{type(exc).__name__}: {exc}")
-
-
 def init(*, timeout_s: float | None = None) -> WorkerInfo:
     """Initialise ``torch.distributed`` for this worker and return its :class:`WorkerInfo`.
 
@@ -104,7 +88,7 @@ def init(*, timeout_s: float | None = None) -> WorkerInfo:
     global _backend, _timeout_s
     _backend, _timeout_s = accelerator.dist_backend, timeout_s
     if info.is_launched and not (is_live() and is_joiner()):
-        _prefault_snapshots(info.rank, job)
+        prefault_restore(info.rank)
     if is_live() and is_joiner():
         # a replacement joins the running world in train.steps(), once it is ready (its
         # model and optimizer built): its rank and world size come from that generation

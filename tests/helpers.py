@@ -193,6 +193,24 @@ def job_events(result) -> list[dict]:
     return [json.loads(line) for line in (Path(result.log_dir) / "events.jsonl").read_text().splitlines()]
 
 
+def explain(result) -> str:
+    """Why a job went as it did, for a test's failure message: its summary (failures and
+    what was done about them), the ``worker_failed`` events, and the lines of its logs that
+    name an error (a Traceback, an exception, a failed or restarted worker)."""
+
+    run = Path(result.log_dir)
+    parts = [result.summary()]
+    events = run / "events.jsonl"
+    if events.exists():
+        parts += [line[:600] for line in events.read_text().splitlines() if '"worker_failed"' in line]
+    marks = ("Traceback", "Error", "error", "worker_failed", "worker_exited", "restart", "stuck")
+    for log in sorted(run.glob("**/*.log")):
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if any(m in ln for m in marks)]
+        if lines:
+            parts.append(f"--- {log.relative_to(run)}:\n" + "\n".join(ln[:400] for ln in lines[-30:]))
+    return "\n".join(parts)
+
+
 def check_committed_steps(ck: Path, *, replicated_prefix: str = "state/model/") -> list[int]:
     """Check every committed step under ``ck`` (each ``step_*/checkpoint.json``) and return
     them: every rank's shard file exists, is whole and has the committed CRC32; all shards

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import SCRIPTS, check_committed_steps, job_events, use_flaky_storage
+from helpers import SCRIPTS, check_committed_steps, explain, job_events, use_flaky_storage
 
 from dlrover_core import Checkpoint, Failure, Job, JobState, Nodes
 from dlrover_core.errors import JobSpecError
@@ -120,8 +120,8 @@ def test_a_damaged_newest_commit_falls_back_to_the_previous_intact_one(tmp_path)
     victim.write_bytes(victim.read_bytes()[:100])  # a torn copy
     second = ckpt_job(tmp_path, "torn2", args=["--steps", "35"], nodes=2,
                       failure=Failure(max_restarts=3)).run(progress=False)
-    assert second.state == JobState.SUCCEEDED, second.reason
-    assert second.restarts == 0
+    assert second.state == JobState.SUCCEEDED, explain(second)
+    assert second.restarts == 0, explain(second)
     events = job_events(second)
     damaged = [e for e in events if e["kind"] == "checkpoint_damaged"]
     assert damaged and damaged[0]["step"] == 20 and damaged[0]["fallback"] == 10

@@ -128,7 +128,40 @@ def test_a_damaged_newest_commit_falls_back_to_the_previous_intact_one(tmp_path)
     assert "rank 1" in damaged[0]["reason"] and "torn" in damaged[0]["reason"]
     restored = {e["step"] for e in events if e["kind"] == "checkpoint_restored"}
     assert restored == {10}
+    # the steps trained again are committed again: step 20's commit is whole now
+    assert [e["step"] for e in events if e["kind"] == "checkpoint_committed"] == [20, 30]
     assert PosixStorage(str(ck)).latest_step() == 30
+    assert check_committed_steps(ck) == [0, 10, 20, 30]
+
+
+@pytest.mark.timeout(240)
+def test_two_damaged_commits_with_a_persist_every_step_do_not_stall_the_saves(tmp_path):
+    """Steps 0..20 committed, one at every step; rank 1's shards of 19 and 20 are then
+    truncated. The next job falls back to 18, and the master moves the `latest` marker back
+    with it: the re-trained 19 and 20 are persisted and committed again. (Before: the savers
+    skipped them as "at or below the commit", their snapshots kept both slots, and the next
+    save waited checkpoint.persist_timeout_s for a free slot and failed, round after round.)
+    A third job starts from the newest commit without finding anything damaged."""
+    first = ckpt_job(tmp_path, "twice1", args=["--steps", "21"], nodes=2, persist_every=1).run(progress=False)
+    assert first.state == JobState.SUCCEEDED, explain(first)
+    ck = tmp_path / "ck"
+    for step in (19, 20):
+        meta = json.loads((ck / f"step_{step:010d}" / "checkpoint.json").read_text())
+        victim = ck / f"step_{step:010d}" / meta["shards"]["1"]["file"]
+        victim.write_bytes(victim.read_bytes()[:100])
+    second = ckpt_job(tmp_path, "twice2", args=["--steps", "26"], nodes=2, persist_every=1, persist_timeout_s=10.0,
+                      failure=Failure(max_restarts=1)).run(progress=False)
+    assert second.state == JobState.SUCCEEDED and second.restarts == 0, explain(second)
+    events = job_events(second)
+    assert [e["step"] for e in events if e["kind"] == "checkpoint_damaged"] == [20, 19]
+    assert {e["step"] for e in events if e["kind"] == "checkpoint_restored"} == {18}
+    assert [e["step"] for e in events if e["kind"] == "checkpoint_committed"] == list(range(19, 26))
+    assert check_committed_steps(ck) == list(range(26))
+    third = ckpt_job(tmp_path, "twice3", args=["--steps", "28"], nodes=2, persist_every=1).run(progress=False)
+    assert third.state == JobState.SUCCEEDED, explain(third)
+    events = job_events(third)
+    assert not [e for e in events if e["kind"] == "checkpoint_damaged"]
+    assert {e["step"] for e in events if e["kind"] == "checkpoint_restored"} == {25}
 
 
 @pytest.mark.timeout(180)

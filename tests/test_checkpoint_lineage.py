@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 
 import pytest
 import torch
@@ -109,9 +111,57 @@ def test_a_damaged_storage_step_makes_every_rank_fall_back(tmp_path):
     verify(c, round_index=1, rank=0, step=10, ok=True)
     assert verify(c, round_index=1, rank=1, step=10, ok=True) == RestoreVerifyAnswer(state="ok", step=10)
     assert c.damaged == {20: "rank 1's shard: torn file"}
+    # the marker went back with the restore: a later job starts from the intact step
+    assert c.latest == 10 and storage.latest_step() == 10
     # the next restore skips the damaged step at once
     decided = [plan(c, round_index=2, rank=r, memory=[]) for r in (0, 1)][1]
     assert (decided.source, decided.step) == ("storage", 10)
+
+
+def test_the_lineage_that_went_back_commits_the_damaged_step_anew(tmp_path):
+    """After a fallback below a damaged commit, the steps trained again are committed
+    again: their shards are not ignored as "at or below the last commit", the new commit
+    replaces the damaged one (no longer damaged), and retention keeps it."""
+    storage = PosixStorage(str(tmp_path))
+    c = coordinator(tmp_path)
+    for step in (10, 20):
+        for r in (0, 1):
+            storage.write_bytes(shard_path(step, r, 0), b"x")
+            shard(c, step=step, rank=r, round_index=0, file=f"rank_0000{r}-round0.safetensors")
+    [plan(c, round_index=1, rank=r, memory=[]) for r in (0, 1)]
+    verify(c, round_index=1, rank=0, step=20, ok=True)
+    verify(c, round_index=1, rank=1, step=20, ok=False, error="torn file")
+    for r in (0, 1):
+        verify(c, round_index=1, rank=r, step=10, ok=True)
+    for r in (0, 1):
+        storage.write_bytes(shard_path(20, r, 1), b"y")
+    assert shard(c, step=20, rank=0, round_index=1, file="rank_00000-round1.safetensors").committed == 10
+    assert shard(c, step=20, rank=1, round_index=1, file="rank_00001-round1.safetensors").committed == 20
+    assert c.damaged == {} and storage.latest_step() == 20
+    meta = json.loads((tmp_path / "step_0000000020" / "checkpoint.json").read_text())
+    assert meta["round"] == 1
+    assert sorted(p.rsplit("/", 1)[-1] for p in storage.list("step_0000000020")) == [
+        "checkpoint.json", "rank_00000-round1.safetensors", "rank_00001-round1.safetensors"]
+    assert c.committed_steps() == [10, 20]
+
+
+def test_a_marker_that_cannot_go_back_leaves_latest_and_the_fallback_stands(tmp_path, monkeypatch):
+    """The storage refuses the marker's rollback: every rank still falls back (the restore
+    does not depend on it) and ``latest`` stays where the storage says."""
+    storage = PosixStorage(str(tmp_path))
+    c = coordinator(tmp_path)
+    for step in (10, 20):
+        for r in (0, 1):
+            shard(c, step=step, rank=r, round_index=0, file=f"rank_0000{r}-round0.safetensors")
+
+    def refuse(step):
+        raise OSError("read-only file system")
+
+    monkeypatch.setattr(c.storage, "commit", refuse)
+    [plan(c, round_index=1, rank=r, memory=[]) for r in (0, 1)]
+    verify(c, round_index=1, rank=0, step=20, ok=True)
+    assert verify(c, round_index=1, rank=1, step=20, ok=False, error="torn").step == 10
+    assert c.latest == 20 and storage.latest_step() == 20
 
 
 def test_the_same_steps_rule(tmp_path):
@@ -147,6 +197,66 @@ def test_a_rank_hosted_again_after_a_scale_change_is_persisted(job_id, tmp_path)
         assert (tmp_path / shard_path(7, 1, 2)).exists()
         again.close()
     finally:
+        saver.stop(timeout_s=5)
+
+
+def test_the_saver_writes_steps_below_a_commit_whose_marker_went_back(job_id, tmp_path):
+    """The saver started when the marker said 20. A restore then found 19 and 20 damaged
+    and the master moved the marker back to 18: the re-trained steps 19 and 20, flagged for
+    persistence, are written (not skipped as "at or below the commit"). A flagged snapshot
+    still at or below the marker is covered by a commit: its slot is freed, not kept
+    waiting for a persist that never comes (a save would wait for a free slot)."""
+    storage = PosixStorage(str(tmp_path))
+    storage.commit(20)
+    reports = []
+    saver = CheckpointSaver(job_id=job_id, node_id=0, storage=storage,
+                            report_shard=lambda s: reports.append(s.step) or ShardAnswer(),
+                            report_error=lambda error: None)
+    snaps = MemorySnapshots(job_id=job_id, node_id=0, rank=0, round_index=1, wait_timeout_s=0.5)
+    try:
+        saver.set_ranks([0])
+        assert saver.committed == 20
+        storage.commit(18)  # the master's rollback
+        snaps.save(layout(19, 1.0), step=19, world_size=1, persist=True)
+        snaps.save(layout(20, 1.0), step=20, world_size=1, persist=True)
+        assert saver.persist_due() == 2 and reports == [19, 20]
+        assert saver.committed == 18
+        assert (tmp_path / shard_path(19, 0, 1)).exists() and (tmp_path / shard_path(20, 0, 1)).exists()
+        # a flagged snapshot at or below the commit (the marker did not move): no write, slot freed
+        snaps.save(layout(17, 1.0), step=17, world_size=1, persist=True)
+        snaps.save(layout(18, 1.0), step=18, world_size=1, persist=True)
+        assert saver.persist_due() == 0 and reports == [19, 20]
+        assert snaps.save(layout(21, 1.0), step=21, world_size=1, persist=True)  # found a free slot at once
+        assert snaps.waited_s < 0.5
+    finally:
+        snaps.close()
+        saver.stop(timeout_s=5)
+
+
+def test_a_marker_read_that_hangs_does_not_hold_up_the_saver(job_id, tmp_path, monkeypatch):
+    """On a stuck mount the marker read never returns: the saver gives up on it after a
+    bound (its loop also reports stuck writes) and frees nothing it cannot prove committed."""
+    import dlrover_core.checkpoint.saver as saver_module
+
+    storage = PosixStorage(str(tmp_path))
+    storage.commit(20)
+    saver = CheckpointSaver(job_id=job_id, node_id=0, storage=storage, report_shard=no_commit,
+                            report_error=lambda error: None)
+    snaps = MemorySnapshots(job_id=job_id, node_id=0, rank=0, round_index=1)
+    stuck = threading.Event()
+    monkeypatch.setattr(saver_module, "_MARKER_READ_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(storage, "latest_step", lambda: stuck.wait(30) and 20)
+    try:
+        saver.set_ranks([0])
+        snaps.save(layout(19, 1.0), step=19, world_size=1, persist=True)
+        t0 = time.monotonic()
+        assert saver.persist_due() == 0
+        assert time.monotonic() - t0 < 2
+        waiting = [h.step for slot in snaps.slots if (h := slot.header()) is not None and h.awaiting_persist]
+        assert waiting == [19]  # not freed: the commit could not be read
+    finally:
+        stuck.set()
+        snaps.close()
         saver.stop(timeout_s=5)
 
 

@@ -105,6 +105,7 @@ def run_schedule(seed: int, tmp: Path) -> dict:
         saver.set_ranks(list(range(n * per_node, (n + 1) * per_node)))
         saver.start()
     history: dict[tuple[int, int], float] = {}  # (round, step) -> the state that incarnation had
+    torn: set[str] = set()  # shard files torn after their commit
     restores = []
     round_index, start, value = 0, 0, 0.0
     flushes = []
@@ -112,6 +113,16 @@ def run_schedule(seed: int, tmp: Path) -> dict:
         while True:
             memories = [MemorySnapshots(job_id=job_id, node_id=r // per_node, rank=r, round_index=round_index,
                                         wait_timeout_s=30) for r in range(world)]
+            # ----- now and then a rank's shard of the newest commit is torn (a damaged disk):
+            # the restore must fall back below it, and the steps trained again be committed anew
+            if round_index > 0 and rng.random() < 0.3:
+                with lock:
+                    intact = [s for s in coordinator.committed_steps() if s not in coordinator.damaged]
+                if len(intact) >= 2:
+                    meta = json.loads((ck / f"step_{intact[-1]:010d}" / "checkpoint.json").read_text())
+                    victim = ck / f"step_{intact[-1]:010d}" / meta["shards"][str(rng.randrange(world))]["file"]
+                    victim.write_bytes(victim.read_bytes()[:64])
+                    torn.add(str(victim.relative_to(ck)))
             # ----- restore, as the workers of a new round do
             if round_index > 0:
                 plans = {}
@@ -130,14 +141,26 @@ def run_schedule(seed: int, tmp: Path) -> dict:
                     value, step = got.pop(), plan.step
                 elif plan.source == "storage":
                     step = plan.step
-                    meta = json.loads((ck / f"step_{step:010d}" / "checkpoint.json").read_text())
-                    got = {_shard_value(ck, meta, r) for r in range(world)}
+                    while True:  # each rank checks its shard; a damaged one sends all to an older commit
+                        meta = json.loads((ck / f"step_{step:010d}" / "checkpoint.json").read_text())
+                        checks = {}
+                        for r in range(world):
+                            try:
+                                checks[r] = (True, "", _shard_value(ck, meta, r))
+                            except Exception as exc:  # noqa: BLE001 - a torn or corrupt shard
+                                checks[r] = (False, str(exc), None)
+                        with lock:
+                            answers = [coordinator.verify(RestoreVerify(
+                                round=round_index, rank=r, world_size=world, step=step, ok=checks[r][0],
+                                error=checks[r][1])) for r in range(world)]
+                        answer = answers[-1]
+                        assert answer.state in ("ok", "retry"), answer
+                        if answer.state == "ok":
+                            break
+                        step = answer.step
+                    got = {c[2] for c in checks.values()}
                     assert got == {history[(meta["round"], step)]}, "storage restore is not the commit's state"
                     value = got.pop()
-                    for r in range(world):
-                        with lock:
-                            coordinator.verify(RestoreVerify(round=round_index, rank=r, world_size=world, step=step,
-                                                             ok=True))
                 else:
                     value, step = 0.0, -1
                 for r in range(world):
@@ -193,7 +216,7 @@ def run_schedule(seed: int, tmp: Path) -> dict:
             saver.stop(timeout_s=30)
         remove_segments(f"dlrover-{job_id}-")
     return {"ck": ck, "history": history, "flushes": flushes, "world": world, "total": total, "errors": errors,
-            "restores": restores, "coordinator": coordinator, "job_id": job_id, "storage": storage}
+            "restores": restores, "coordinator": coordinator, "job_id": job_id, "storage": storage, "torn": torn}
 
 
 def _shard_value(ck: Path, meta: dict, rank: int) -> float:
@@ -210,9 +233,16 @@ def _shard_value(ck: Path, meta: dict, rank: int) -> float:
 def test_random_schedules_keep_the_checkpoint_invariants(tmp_path, seed):
     out = run_schedule(seed, tmp_path)
     ck, history = out["ck"], out["history"]
+    latest = PosixStorage(str(ck)).latest_step()
+    damaged = out["coordinator"].damaged
     committed = []
     for meta_path in sorted(ck.glob("step_*/checkpoint.json")):
         meta = json.loads(meta_path.read_text())
+        files = {f"{meta_path.parent.name}/{s['file']}" for s in meta["shards"].values()}
+        if files & out["torn"]:
+            continue  # a commit torn after it was made, not committed anew since (no restore read it, or
+            # it lies above the marker the restore moved back)
+        assert meta["step"] not in damaged and (latest is None or meta["step"] <= latest), meta["step"]
         assert sorted(meta["shards"]) == [str(r) for r in range(meta["world_size"])]
         assert {s["round"] for s in meta["shards"].values()} == {meta["round"]}, "a commit mixes incarnations"
         want = history[(meta["round"], meta["step"])]
@@ -220,8 +250,8 @@ def test_random_schedules_keep_the_checkpoint_invariants(tmp_path, seed):
             assert _shard_value(ck, meta, r) == want, f"step {meta['step']} rank {r} is not its incarnation's state"
         committed.append(meta["step"])
     assert committed == sorted(committed)
+    assert not damaged.keys() & set(committed), "a damaged step is committed and not committed anew"
     final = out["total"] - 1
-    latest = PosixStorage(str(ck)).latest_step()
     if all(f.ok for f in out["flushes"]):
         assert latest == final, (latest, final, out["flushes"])
     else:

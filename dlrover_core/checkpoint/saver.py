@@ -52,6 +52,13 @@ __all__ = ["CheckpointSaver", "FlushResult", "shard_path", "step_dir"]
 log = get_logger()
 
 _SLOTS = 2
+#: How often the saver reads the ``latest`` marker again while snapshots flagged for
+#: persistence wait at or below the commit it knows and the last read told nothing new
+#: (seconds; see ``_settle_below_commit``). A snapshot it has not seen there yet is looked
+#: at on the next scan.
+_MARKER_RECHECK_S = 0.5
+#: Longest the saver waits for that read (seconds).
+_MARKER_READ_TIMEOUT_S = 2.0
 _CHUNK = 64 * 2**20
 
 
@@ -145,6 +152,9 @@ class CheckpointSaver:
         self._lock = threading.Lock()  # guards the tables above; never held during storage I/O
         self._changed = threading.Condition(self._lock)
         self._breakpoint: set[int] = set()  # ranks whose every snapshot newer than the commit is due
+        self._marker_read_at = -_MARKER_RECHECK_S  # (monotonic) the last read of the marker
+        self._below_seen: set[tuple[int, int]] = set()  # (rank, seq) below the commit, looked at
+        self._marker_reader: threading.Thread | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dlrover-ckpt-saver", daemon=True)
         #: the first storage failure that makes the job fail (a stuck write), if any
@@ -200,6 +210,7 @@ class CheckpointSaver:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         while not self._stop.wait(self._poll_s):
             try:
+                self._settle_below_commit()
                 self._dispatch()
                 self._watch_stuck()
             except Exception as exc:  # the saver must never take the agent down
@@ -234,6 +245,78 @@ class CheckpointSaver:
             if everything or h.persist_requested:
                 out.append((slot, h))
         return sorted(out, key=lambda c: c[1].seq)
+
+    def _below_commit(self) -> list[tuple[int, SnapshotSlot, SlotHeader]]:
+        """(Under the lock) snapshots flagged for persistence, not written, at or below the
+        commit this saver knows: ``(rank, slot, header)``."""
+        out = []
+        if self.committed is None:
+            return out
+        for rank in self._ranks:
+            for index in range(_SLOTS):
+                slot = self._slot(rank, index)
+                h = slot.header() if slot is not None else None
+                if (slot is not None and h is not None and h.live and h.rank == rank and h.persist_requested
+                        and not h.persisted and h.step <= self.committed):
+                    out.append((rank, slot, h))
+        return out
+
+    def _settle_below_commit(self, *, now: bool = False) -> None:
+        """Snapshots flagged for persistence at or below the commit are not written, and
+        would keep their slots (a worker waits for a free one). Where one appears that this
+        saver has not looked at yet (or :data:`_MARKER_RECHECK_S` after the last look, or
+        ``now``), read the ``latest`` marker again: if the master moved it back (a restore
+        found the steps above it damaged, and the workers train them again), the commit this
+        saver knows goes back with it and those snapshots are written, in order, before any
+        newer one; those still at or below it are covered by a commit, and their slots are
+        freed (logged as ``checkpoint_snapshot_superseded``)."""
+        with self._lock:
+            below = self._below_commit()
+        if not below:
+            return
+        fresh = {(rank, h.seq) for rank, _, h in below} - self._below_seen
+        if not (now or fresh or time.monotonic() - self._marker_read_at >= _MARKER_RECHECK_S):
+            return
+        self._marker_read_at = time.monotonic()
+        marker = self._read_marker()
+        if marker is False:
+            return
+        self._below_seen = {(rank, h.seq) for rank, _, h in below}
+        with self._lock:
+            if self.committed is not None and (marker is None or marker < self.committed):
+                log.info("checkpoint_saver_commit_back", node_id=self.node_id, was=self.committed, latest=marker)
+                self.committed = marker
+            committed = self.committed
+        for rank, slot, seen in below:
+            if committed is None or seen.step > committed or not slot.try_lock(exclusive=False):
+                continue
+            try:
+                h = slot.header()
+                if h is not None and h.seq == seen.seq and h.awaiting_persist:
+                    slot.mark_persisted()
+                    log.info("checkpoint_snapshot_superseded", node_id=self.node_id, rank=rank, step=h.step,
+                             committed=committed)
+            finally:
+                slot.unlock()
+
+    def _read_marker(self) -> int | None | bool:
+        """The storage's ``latest`` step (``None``: none), or ``False`` when it cannot be read
+        within :data:`_MARKER_READ_TIMEOUT_S` (read on a thread of its own: a stuck mount must
+        not stop the loop that reports stuck writes)."""
+        if self._marker_reader is not None and self._marker_reader.is_alive():
+            return False  # the last read has not returned yet
+        result: list[Any] = []
+
+        def read() -> None:
+            try:
+                result.append(self.storage.latest_step())
+            except (OSError, ValueError) as exc:
+                log.warning("checkpoint_marker_unreadable", node_id=self.node_id, error=str(exc))
+
+        self._marker_reader = threading.Thread(target=read, name="dlrover-ckpt-marker", daemon=True)
+        self._marker_reader.start()
+        self._marker_reader.join(_MARKER_READ_TIMEOUT_S)
+        return result[0] if result else False
 
     def _next(self, rank: int) -> tuple[SnapshotSlot, SlotHeader] | None:
         """What to write next for ``rank``: at a breakpoint the newest snapshot first, else
@@ -310,6 +393,7 @@ class CheckpointSaver:
     def persist_due(self) -> int:
         """Persist, in the caller's thread, the flagged snapshots of each rank (oldest
         first); return how many were written."""
+        self._settle_below_commit(now=True)
         written = 0
         while True:
             with self._lock:
@@ -364,6 +448,7 @@ class CheckpointSaver:
         timeout_s = self.persist_timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
         background = self._thread.is_alive()
+        self._settle_below_commit(now=True)
         while True:
             if not background:
                 self.persist_breakpoint() if self._breakpoint else self.persist_due()

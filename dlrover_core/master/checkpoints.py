@@ -10,7 +10,8 @@
 * **Commits.** A step is committed — ``step_<S>/checkpoint.json`` (every shard's file,
   size, CRC32 and incarnation), then the atomic ``latest`` marker — only when every rank of
   step S reported its shard of one incarnation durable. Commits only move forward; a shard
-  of a step at or below the last commit is ignored. Files of the step that the commit does
+  of a step at or below the last commit is ignored. (The marker goes back only when a
+  restore finds the steps above it damaged: see *Restore*.) Files of the step that the commit does
   not name (late writes of stale incarnations) are deleted.
 * **Retention** keeps the last ``keep_last`` committed steps; older step directories, and
   those below the last commit that never completed, are deleted.
@@ -21,6 +22,9 @@
   shard and checks its header and CRC32, and reports; if any rank's shard is damaged, the
   step is marked damaged (logged with the reason) and every rank falls back to the
   previous intact committed step, instead of failing on the same step round after round.
+  The ``latest`` marker goes back to that step with them: the steps the new lineage trains
+  again are persisted and committed anew (replacing the damaged commits), and a later job
+  starts from the intact step.
 * **The rule that every rank saves the same steps.** Ranks announce each save meant for
   storage; when a rank has reported progress past a step that another rank saved for
   storage, without saving it itself, :meth:`CheckpointCoordinator.misuse` says so (the
@@ -161,6 +165,7 @@ class CheckpointCoordinator:
             self._event("checkpoint_commit_failed", step=step, storage=self.storage.url, error=error)
             return
         self.latest = step
+        self.damaged.pop(step, None)  # committed anew by the lineage that went back below it
         self.commit_error = None
         self.persist_error = None
         for key in [k for k in self._shards if k[0] <= step]:
@@ -278,6 +283,25 @@ class CheckpointCoordinator:
                 return step
         return None
 
+    def _roll_back_marker(self, fallback: int) -> None:
+        """Every committed step above ``fallback`` is damaged (the restore goes below them):
+        the ``latest`` marker goes back to ``fallback``, so that the new lineage commits those
+        steps again as it re-trains them (the savers write what they find above the marker)
+        and a later job starts from the intact step without checking the damaged ones again.
+        The damaged files stay until a new commit of their step replaces them. If the marker
+        cannot be written, ``latest`` stays (logged): the re-trained steps up to it are then
+        not persisted, as before."""
+        if self.latest is None or self.latest <= fallback:
+            return
+        try:
+            self.storage.commit(fallback)
+        except OSError as exc:
+            log.error("checkpoint_marker_rollback_failed", step=fallback, storage=self.storage.url,
+                      error=f"{type(exc).__name__}: {exc}")
+            return
+        log.warning("checkpoint_marker_rolled_back", step=fallback, was=self.latest, storage=self.storage.url)
+        self.latest = fallback
+
     def _no_intact_reason(self) -> str:
         damaged = "; ".join(f"step {s}: {why}" for s, why in sorted(self.damaged.items(), reverse=True))
         return f"no intact committed checkpoint in {self.storage.url!r} ({damaged})"
@@ -310,6 +334,7 @@ class CheckpointCoordinator:
         if fallback is None:
             state.answer = RestoreVerifyAnswer(state="failed", reason=self._no_intact_reason())
             return state.answer
+        self._roll_back_marker(fallback)
         self._restored(round_index, fallback)
         self._verifying[key] = _Verification(step=fallback, why=f"step {step}: {why}")
         return RestoreVerifyAnswer(state="retry", step=fallback, reason=why)

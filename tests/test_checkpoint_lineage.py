@@ -233,6 +233,48 @@ def test_the_saver_writes_steps_below_a_commit_whose_marker_went_back(job_id, tm
         saver.stop(timeout_s=5)
 
 
+def test_the_saver_thread_reads_the_marker_again_for_a_snapshot_it_has_not_seen(job_id, tmp_path, monkeypatch):
+    """The background saver looked at the marker a moment ago (for step 15, covered by the
+    commit 20). The marker then goes back to 10 and step 16 is flagged: its next scan reads
+    the marker again for the new snapshot, without waiting for the periodic re-read (set to
+    an hour here), and writes 16. (A saver that waited wrote the re-trained steps after
+    newer ones, or not at all once a newer commit covered them.)"""
+    import dlrover_core.checkpoint.saver as saver_module
+
+    monkeypatch.setattr(saver_module, "_MARKER_RECHECK_S", 3600.0)
+    storage = PosixStorage(str(tmp_path))
+    storage.commit(20)
+    reports = []
+    saver = CheckpointSaver(job_id=job_id, node_id=0, storage=storage,
+                            report_shard=lambda s: reports.append(s.step) or ShardAnswer(),
+                            report_error=lambda error: None)
+    snaps = MemorySnapshots(job_id=job_id, node_id=0, rank=0, round_index=1, wait_timeout_s=5.0)
+
+    def wait_for(cond, timeout_s: float = 5.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while not cond() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return cond()
+
+    def waiting() -> list[int]:
+        return [h.step for slot in snaps.slots if (h := slot.header()) is not None and h.awaiting_persist]
+
+    try:
+        saver.set_ranks([0])
+        saver.start()
+        snaps.save(layout(15, 1.0), step=15, world_size=1, persist=True)
+        assert wait_for(lambda: waiting() == []), "step 15 (covered by the commit 20) kept its slot"
+        assert reports == [] and saver.committed == 20
+        storage.commit(10)  # a restore fell back to 10: the master moved the marker back
+        snaps.save(layout(16, 1.0), step=16, world_size=1, persist=True)
+        assert wait_for(lambda: reports == [16]), f"step 16 was not written: reports {reports}, waiting {waiting()}"
+        assert saver.committed == 10
+        assert (tmp_path / shard_path(16, 0, 1)).exists()
+    finally:
+        snaps.close()
+        saver.stop(timeout_s=5)
+
+
 def test_a_marker_read_that_hangs_does_not_hold_up_the_saver(job_id, tmp_path, monkeypatch):
     """On a stuck mount the marker read never returns: the saver gives up on it after a
     bound (its loop also reports stuck writes) and frees nothing it cannot prove committed."""

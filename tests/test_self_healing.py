@@ -135,6 +135,24 @@ def test_scale_down_then_up_uses_every_sample_exactly_once(tmp_path):
     run = j.submit()
     wait_step(run, 20)
     os.kill(agent_pid(run, 1), signal.SIGKILL)
+    # The replacement agent is held (SIGSTOP) until the survivor's round has formed without
+    # it, as a replacement that waits for a machine would be: here it starts in about half a
+    # second, within the last call, and the world would never shrink.
+    deadline = time.monotonic() + 60
+    handle = Path(run.handle.log_dir) / "handle.json"
+    while not (relaunched := json.loads(handle.read_text()).get("relaunched", {})):  # written atomically
+        assert time.monotonic() < deadline, "node 1 was not relaunched"
+        time.sleep(0.002)
+    (replacement,) = relaunched.values()
+    os.kill(replacement, signal.SIGSTOP)
+    try:
+        log = Path(run.handle.log_dir) / "events.jsonl"
+        while not any(e["kind"] == "rendezvous_completed" and e["world_size"] == 1
+                      for e in map(json.loads, log.read_text().splitlines()[:-1])):  # (the last may be half-written)
+            assert time.monotonic() < deadline, "no round formed with the survivor alone"
+            time.sleep(0.05)
+    finally:
+        os.kill(replacement, signal.SIGCONT)
     result = run.wait(progress=False, timeout_s=240)
     assert result.state == JobState.SUCCEEDED, result.reason
     worlds = [e["world_size"] for e in events(result) if e["kind"] == "rendezvous_completed"]

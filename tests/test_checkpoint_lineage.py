@@ -93,15 +93,21 @@ def test_a_restore_never_picks_snapshots_of_an_abandoned_lineage(tmp_path):
     assert (answers[1].source, answers[1].step, answers[1].snapshot_round) == ("memory", 11, 1)
 
 
-def test_a_damaged_storage_step_makes_every_rank_fall_back(tmp_path):
-    """Verification: one rank's shard of the newest commit is damaged; every rank is told
-    to check the previous commit next, and all load it."""
+def committed_10_and_20(tmp_path) -> tuple[PosixStorage, CheckpointCoordinator]:
+    """A storage and its coordinator with steps 10 and 20 committed by two ranks (round 0)."""
     storage = PosixStorage(str(tmp_path))
     c = coordinator(tmp_path)
     for step in (10, 20):
         for r in (0, 1):
             storage.write_bytes(shard_path(step, r, 0), b"x")
             shard(c, step=step, rank=r, round_index=0, file=f"rank_0000{r}-round0.safetensors")
+    return storage, c
+
+
+def test_a_damaged_storage_step_makes_every_rank_fall_back(tmp_path):
+    """Verification: one rank's shard of the newest commit is damaged; every rank is told
+    to check the previous commit next, and all load it."""
+    storage, c = committed_10_and_20(tmp_path)
     decided = [plan(c, round_index=1, rank=r, memory=[]) for r in (0, 1)][1]
     assert (decided.source, decided.step) == ("storage", 20)
     assert verify(c, round_index=1, rank=0, step=20, ok=True) == RestoreVerifyAnswer(state="waiting")
@@ -122,12 +128,7 @@ def test_the_lineage_that_went_back_commits_the_damaged_step_anew(tmp_path):
     """After a fallback below a damaged commit, the steps trained again are committed
     again: their shards are not ignored as "at or below the last commit", the new commit
     replaces the damaged one (no longer damaged), and retention keeps it."""
-    storage = PosixStorage(str(tmp_path))
-    c = coordinator(tmp_path)
-    for step in (10, 20):
-        for r in (0, 1):
-            storage.write_bytes(shard_path(step, r, 0), b"x")
-            shard(c, step=step, rank=r, round_index=0, file=f"rank_0000{r}-round0.safetensors")
+    storage, c = committed_10_and_20(tmp_path)
     [plan(c, round_index=1, rank=r, memory=[]) for r in (0, 1)]
     verify(c, round_index=1, rank=0, step=20, ok=True)
     verify(c, round_index=1, rank=1, step=20, ok=False, error="torn file")
@@ -200,18 +201,24 @@ def test_a_rank_hosted_again_after_a_scale_change_is_persisted(job_id, tmp_path)
         saver.stop(timeout_s=5)
 
 
+def saver_above(job_id: str, tmp_path, *, committed: int) -> tuple[PosixStorage, CheckpointSaver, list[int]]:
+    """A storage whose marker says ``committed``, a saver on it, and the steps it reports durable."""
+    storage = PosixStorage(str(tmp_path))
+    storage.commit(committed)
+    reports: list[int] = []
+    saver = CheckpointSaver(job_id=job_id, node_id=0, storage=storage,
+                            report_shard=lambda s: reports.append(s.step) or ShardAnswer(),
+                            report_error=lambda error: None)
+    return storage, saver, reports
+
+
 def test_the_saver_writes_steps_below_a_commit_whose_marker_went_back(job_id, tmp_path):
     """The saver started when the marker said 20. A restore then found 19 and 20 damaged
     and the master moved the marker back to 18: the re-trained steps 19 and 20, flagged for
     persistence, are written (not skipped as "at or below the commit"). A flagged snapshot
     still at or below the marker is covered by a commit: its slot is freed, not kept
     waiting for a persist that never comes (a save would wait for a free slot)."""
-    storage = PosixStorage(str(tmp_path))
-    storage.commit(20)
-    reports = []
-    saver = CheckpointSaver(job_id=job_id, node_id=0, storage=storage,
-                            report_shard=lambda s: reports.append(s.step) or ShardAnswer(),
-                            report_error=lambda error: None)
+    storage, saver, reports = saver_above(job_id, tmp_path, committed=20)
     snaps = MemorySnapshots(job_id=job_id, node_id=0, rank=0, round_index=1, wait_timeout_s=0.5)
     try:
         saver.set_ranks([0])
@@ -242,12 +249,7 @@ def test_the_saver_thread_reads_the_marker_again_for_a_snapshot_it_has_not_seen(
     import dlrover_core.checkpoint.saver as saver_module
 
     monkeypatch.setattr(saver_module, "_MARKER_RECHECK_S", 3600.0)
-    storage = PosixStorage(str(tmp_path))
-    storage.commit(20)
-    reports = []
-    saver = CheckpointSaver(job_id=job_id, node_id=0, storage=storage,
-                            report_shard=lambda s: reports.append(s.step) or ShardAnswer(),
-                            report_error=lambda error: None)
+    storage, saver, reports = saver_above(job_id, tmp_path, committed=20)
     snaps = MemorySnapshots(job_id=job_id, node_id=0, rank=0, round_index=1, wait_timeout_s=5.0)
 
     def wait_for(cond, timeout_s: float = 5.0) -> bool:

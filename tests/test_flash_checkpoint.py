@@ -232,3 +232,47 @@ def test_a_snapshot_awaiting_its_persist_is_not_overwritten(job_id, tmp_path):
     finally:
         snaps.close()
         saver.stop()
+
+
+def test_a_slow_write_is_warned_of_before_it_is_reported_stuck(job_id, tmp_path):
+    """A shard write that does not return is logged as ``checkpoint_write_slow`` after a
+    quarter of ``persist_timeout_s`` and again at each further quarter, with the seconds
+    waited; at ``persist_timeout_s`` it is reported stuck (fatal), and no longer called slow."""
+    import contextlib
+
+    from structlog.testing import capture_logs
+
+    release = threading.Event()
+
+    class HungStorage(PosixStorage):
+        @contextlib.contextmanager
+        def open_write(self, path):
+            release.wait(30)  # a hung mount
+            with super().open_write(path) as f:
+                yield f
+
+    errors = []
+    saver = CheckpointSaver(job_id=job_id, node_id=0, storage=HungStorage(str(tmp_path)),
+                            report_shard=lambda shard: ShardAnswer(), report_error=errors.append,
+                            persist_timeout_s=2.0)
+    snaps = MemorySnapshots(job_id=job_id, node_id=0, rank=0)
+    try:
+        with capture_logs() as logs:
+            saver.set_ranks([0])
+            snaps.save(layout(7), step=7, world_size=1, persist=True)
+            saver.start()
+            deadline = time.monotonic() + 10
+            while not errors and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.8)  # past the report: no slow warning after it
+        slow = [e for e in logs if e["event"] == "checkpoint_write_slow"]
+        assert errors and errors[0].fatal and errors[0].step == 7, errors
+        # at 0.5, 1.0 and 1.5 s (a loop held up past a whole quarter warns once for both)
+        assert len(slow) in (2, 3) and {e["step"] for e in slow} == {7}, slow
+        waited = [e["waited_s"] for e in slow]
+        assert waited == sorted(waited) and 0.5 <= waited[0] < 1.0 and 1.0 <= waited[-1] <= 2.0, waited
+        assert all(e["fails_after_s"] == 2.0 and e["rank"] == 0 for e in slow)
+    finally:
+        release.set()
+        snaps.close()
+        saver.stop(timeout_s=5)

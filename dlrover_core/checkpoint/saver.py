@@ -11,8 +11,9 @@ master, which commits the step when every rank's shard of one incarnation is in.
 
 Nothing here holds a lock during storage I/O: the saver's lock guards only its tables, so
 :meth:`CheckpointSaver.flush` has a bound, the agent's heartbeat never waits for a storage
-write, and a write that never returns (a hung mount) is noticed after
-``persist_timeout_s``: it is reported to the master as fatal (the job ends FAILED naming
+write, and a write that never returns (a hung mount) is logged as slow
+(``checkpoint_write_slow``) after a minute, or a quarter of ``persist_timeout_s`` if sooner,
+and again at each such interval, and is failed after ``persist_timeout_s``: it is reported to the master as fatal (the job ends FAILED naming
 the storage, the step and the error — a node is never blamed for it). A write that fails
 (disk full, permission) is retried by :func:`dlrover_core.retry.storage_retrying`, then
 given up, reported and logged; the slot is freed, training goes on and the previous commit
@@ -59,6 +60,10 @@ _SLOTS = 2
 _MARKER_RECHECK_S = 0.5
 #: Longest the saver waits for that read (seconds).
 _MARKER_READ_TIMEOUT_S = 2.0
+#: A shard write still in flight after this many seconds (or a quarter of
+#: ``persist_timeout_s``, if sooner) is logged as slow, and again each such interval,
+#: so a hung mount shows long before ``persist_timeout_s`` fails the job.
+_SLOW_WRITE_WARN_S = 60.0
 _CHUNK = 64 * 2**20
 
 
@@ -99,6 +104,7 @@ class _Write:
     seq: int
     since: float
     stuck_reported: bool = False
+    slow_warnings: int = 0  # checkpoint_write_slow warnings logged for this write
 
 
 class CheckpointSaver:
@@ -357,18 +363,34 @@ class CheckpointSaver:
                 self._changed.notify_all()
 
     def _watch_stuck(self) -> None:
-        """Report writes that have not returned after ``persist_timeout_s`` (once each)."""
+        """Warn of writes in flight longer than :func:`_slow_after_s` (again at each
+        multiple of it); report those that have not returned after ``persist_timeout_s``
+        (once each)."""
         now = time.monotonic()
+        every_s = self._slow_after_s()
         with self._lock:
             stuck = [w for w in self._writes.values()
                      if not w.stuck_reported and now - w.since > self.persist_timeout_s]
             for w in stuck:
                 w.stuck_reported = True
+            slow = [w for w in self._writes.values()
+                    if not w.stuck_reported and now - w.since >= every_s * (w.slow_warnings + 1)]
+            for w in slow:
+                w.slow_warnings = int((now - w.since) // every_s)
+        for w in slow:
+            log.warning("checkpoint_write_slow", node_id=self.node_id, rank=w.rank, step=w.step,
+                        storage=self.storage.url, waited_s=round(now - w.since, 1),
+                        fails_after_s=self.persist_timeout_s)
         for w in stuck:
             reason = (f"checkpoint step {w.step} not durable: writing rank {w.rank}'s shard to storage "
                       f"{self.storage.url!r} has not returned after {now - w.since:.0f} s "
                       f"(checkpoint.persist_timeout_s={self.persist_timeout_s:g}); the storage is stuck")
             self._fail(reason, w.step, w.rank)
+
+    def _slow_after_s(self) -> float:
+        """Seconds after which a write in flight is logged as slow: ``_SLOW_WRITE_WARN_S``
+        or a quarter of ``persist_timeout_s``, whichever is sooner."""
+        return min(_SLOW_WRITE_WARN_S, self.persist_timeout_s / 4)
 
     def _fail(self, reason: str, step: int, rank: int) -> None:
         with self._lock:

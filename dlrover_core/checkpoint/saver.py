@@ -16,9 +16,9 @@ write, and a write that never returns (a hung mount) is logged as slow
 and again at each such interval; after ``persist_timeout_s`` it is reported to the master
 as fatal (the job ends FAILED naming the storage, the step and the error — a node is
 never blamed for it). A write that fails (disk full, permission) is retried by
-:func:`dlrover_core.retry.storage_retrying`, then given up, reported and logged; the slot is freed, training goes on and the previous commit
-stays loadable. The final flush reports whether the newest requested snapshot of every
-rank is durable.
+:func:`dlrover_core.retry.storage_retrying`, then given up, reported and logged; the slot
+is freed, training goes on and the previous commit stays loadable. The final flush reports
+whether the newest requested snapshot of every rank is durable.
 
 At a failure (:meth:`CheckpointSaver.request_breakpoint`) every complete snapshot newer than
 the last commit is persisted ("save at breakpoint"), so the newest step all ranks hold can

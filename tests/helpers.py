@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
+from typing import Any, Callable
 
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+def wait_for(predicate: Callable[[], Any], timeout_s: float, what: str, *, poll_s: float = 0.02) -> Any:
+    """Call ``predicate`` every ``poll_s`` seconds until it returns something true; return
+    that. Raises AssertionError naming ``what`` after ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s waiting for {what}"
+        time.sleep(poll_s)
+    return value
 
 
 def job_processes(job_id: str) -> list[psutil.Process]:

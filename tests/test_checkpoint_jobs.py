@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
-from helpers import FULL_DISK_PLUGIN, SCRIPTS, install_dist
+from helpers import FULL_DISK_PLUGIN, SCRIPTS, install_dist, wait_for
 
 from dlrover_core import Checkpoint, Failure, Job, JobState, Nodes
 from dlrover_core.checkpoint.layout import Layout
@@ -46,13 +45,6 @@ def test_fsdp_saved_on_two_ranks_loads_on_one_and_two(tmp_path):
         got = json.loads(out.read_text())
         assert (got["world_size"], got["source"], got["step"]) == (nproc, "storage", 2)
         assert got["digest"] == want
-
-
-def wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 @pytest.mark.timeout(240)

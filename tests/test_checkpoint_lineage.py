@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch
+from helpers import wait_for
 
 from dlrover_core.checkpoint.layout import build_layout
 from dlrover_core.checkpoint.memory import MemorySnapshots
@@ -252,12 +253,6 @@ def test_the_saver_thread_reads_the_marker_again_for_a_snapshot_it_has_not_seen(
     storage, saver, reports = saver_above(job_id, tmp_path, committed=20)
     snaps = MemorySnapshots(job_id=job_id, node_id=0, rank=0, round_index=1, wait_timeout_s=5.0)
 
-    def wait_for(cond, timeout_s: float = 5.0) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while not cond() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return cond()
-
     def waiting() -> list[int]:
         return [h.step for slot in snaps.slots if (h := slot.header()) is not None and h.awaiting_persist]
 
@@ -265,11 +260,11 @@ def test_the_saver_thread_reads_the_marker_again_for_a_snapshot_it_has_not_seen(
         saver.set_ranks([0])
         saver.start()
         snaps.save(layout(15, 1.0), step=15, world_size=1, persist=True)
-        assert wait_for(lambda: waiting() == []), "step 15 (covered by the commit 20) kept its slot"
+        wait_for(lambda: waiting() == [], 5, "step 15's slot to be freed (the commit 20 covers it)")
         assert reports == [] and saver.committed == 20
         storage.commit(10)  # a restore fell back to 10: the master moved the marker back
         snaps.save(layout(16, 1.0), step=16, world_size=1, persist=True)
-        assert wait_for(lambda: reports == [16]), f"step 16 was not written: reports {reports}, waiting {waiting()}"
+        wait_for(lambda: reports == [16], 5, "step 16 to be written")
         assert saver.committed == 10
         assert (tmp_path / shard_path(16, 0, 1)).exists()
     finally:

@@ -10,6 +10,7 @@ import zlib
 
 import pytest
 import torch
+from helpers import wait_for
 
 from dlrover_core.checkpoint.layout import build_layout, decode, parse_header
 from dlrover_core.checkpoint.memory import MemorySnapshots
@@ -261,9 +262,7 @@ def test_a_slow_write_is_warned_of_before_it_is_reported_stuck(job_id, tmp_path)
             saver.set_ranks([0])
             snaps.save(layout(7), step=7, world_size=1, persist=True)
             saver.start()
-            deadline = time.monotonic() + 10
-            while not errors and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_for(lambda: errors, 10, "the stuck write to be reported")
             time.sleep(0.8)  # past the report: no slow warning after it
         slow = [e for e in logs if e["event"] == "checkpoint_write_slow"]
         assert errors and errors[0].fatal and errors[0].step == 7, errors

@@ -19,7 +19,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
-from helpers import SCRIPTS, check_committed_steps, job_events, job_processes, shm_entries
+from helpers import SCRIPTS, check_committed_steps, job_events, job_processes, shm_entries, wait_for
 
 from dlrover_core import Checkpoint, Failure, Job, JobState, Nodes
 from dlrover_core.train import ElasticSampler
@@ -40,14 +40,6 @@ def live_job(tmp: Path, name: str, *, steps: int = 150, nodes: int = 2, nproc: i
         failure=Failure(max_restarts=max_restarts, stop_grace_s=2, hang_timeout_s=hang_timeout_s),
         log_dir=str(tmp / "runs"),
     )
-
-
-def wait_for(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def expected_windows(steps: int, global_batch: int) -> list[list[int]]:

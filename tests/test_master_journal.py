@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import SCRIPTS, job_processes
+from helpers import SCRIPTS, job_processes, wait_for
 
 from dlrover_core import Checkpoint, Failure, Job, JobState
 from dlrover_core.errors import DLRoverError
@@ -270,14 +270,6 @@ def real_job(tmp: Path, *args: str, **failure) -> Job:
     )
 
 
-def wait_for(what, predicate, timeout_s: float = 60):
-    deadline = time.monotonic() + timeout_s
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"no {what} within {timeout_s} s"
-        time.sleep(0.1)
-    return value
-
-
 def handle_info(run) -> dict:
     return json.loads((Path(run.handle.log_dir) / "handle.json").read_text())
 
@@ -296,9 +288,9 @@ def test_master_crash_at_a_journal_point_of_a_recovery(tmp_path, monkeypatch, cr
     monkeypatch.setenv("DLROVER_TEST_CRASH_AT", crash_at)
     out = tmp_path / "final.sha256"  # rank 0 writes it after its last step
     run = real_job(tmp_path, "--steps", "50", "--step-sleep", "0.05", "--out", str(out)).submit()
-    wait_for("step 8", lambda: run.status().step >= 8)
+    wait_for(lambda: run.status().step >= 8, 60, "step 8")
     if kill == "worker":
-        pid = wait_for("rank 1", lambda: run.status().worker_pids.get(1))
+        pid = wait_for(lambda: run.status().worker_pids.get(1), 60, "rank 1")
     else:
         pid = handle_info(run)["agents"]["node-1"]
     os.kill(pid, signal.SIGKILL)
@@ -320,13 +312,13 @@ def test_restarted_master_whose_port_is_taken_listens_elsewhere(tmp_path):
     its port (listening, never answering) for the rest of the job. The restarted master
     takes a free port; agents find it through the address file; the job ends with a result."""
     run = real_job(tmp_path, "--steps", "50", "--step-sleep", "0.05").submit()
-    wait_for("step 10", lambda: run.status().step >= 10)
+    wait_for(lambda: run.status().step >= 10, 60, "step 10")
     info = handle_info(run)
     port = int(info["master_addr"].rsplit(":", 1)[1])
     os.kill(info["master_pid"], signal.SIGKILL)
     squatter = socket.socket()
     squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the dead master's connections linger
-    wait_for("the port", lambda: _try_bind(squatter, port), timeout_s=10)
+    wait_for(lambda: _try_bind(squatter, port), 10, "the port")
     squatter.listen()
     try:
         result = run.wait(progress=False, timeout_s=120)  # (wait() is what restarts the master)

@@ -104,7 +104,7 @@ class _Write:
     seq: int
     since: float
     stuck_reported: bool = False
-    slow_warnings: int = 0  # checkpoint_write_slow warnings logged for this write
+    slow_warnings: int = 0  # intervals of _slow_after_s() that checkpoint_write_slow has covered
 
 
 class CheckpointSaver:

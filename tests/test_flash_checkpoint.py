@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -73,6 +74,100 @@ def test_a_save_never_overwrites_a_snapshot_being_read(job_id):
     finally:
         persister.close()
         snaps.close()
+
+
+def test_a_threads_unlock_never_drops_the_lock_another_thread_holds(job_id):
+    """flock locks belong to the open file: two threads using one slot object would share
+    one lock, and the first unlock would let a worker overwrite a snapshot the other
+    thread is still persisting. The object lets one thread hold it at a time."""
+    snaps = MemorySnapshots(job_id=job_id, node_id=0, rank=0)
+    persister = SnapshotSlot.open(segment_name(job_id, 0, 0, 0), create=False)
+    worker = SnapshotSlot.open(segment_name(job_id, 0, 0, 0), create=False)
+    try:
+        assert persister.try_lock(exclusive=False)  # a writer thread persists this slot
+        other = []
+
+        def look() -> None:  # another thread of the persister looks at the slot meanwhile
+            got = persister.try_lock(exclusive=False)
+            other.append(got)
+            if got:
+                persister.unlock()
+
+        thread = threading.Thread(target=look)
+        thread.start()
+        thread.join()
+        assert other == [False]
+        assert not worker.try_lock(exclusive=True), "the persister's lock was dropped"
+        persister.unlock()
+        assert worker.try_lock(exclusive=True)
+        worker.unlock()
+    finally:
+        worker.close()
+        persister.close()
+        snaps.close()
+
+
+def test_a_write_overtaken_by_a_commit_keeps_its_slot_until_it_returns(job_id, tmp_path):
+    """At a breakpoint a rank writes its newest snapshot first, then the older one; while
+    that older write is in flight, the commit of the newer step makes it superseded. The
+    saver must not free that slot before the write returns (a worker would overwrite the
+    data being written, and the write's "persisted" mark would land on the new snapshot,
+    which then is never written): the next save goes to the other slot, and is committed."""
+    from structlog.testing import capture_logs
+
+    entered, release, go0 = threading.Event(), threading.Event(), threading.Event()
+
+    class GatedStorage(PosixStorage):
+        @contextlib.contextmanager
+        def open_write(self, path):
+            if path == shard_path(2, 0, 0):
+                go0.wait(30)
+            if path == shard_path(1, 1, 0):
+                entered.set()
+                release.wait(30)
+            with super().open_write(path) as f:
+                yield f
+
+    lock = threading.Lock()
+    coordinator = CheckpointCoordinator(PosixStorage(str(tmp_path)), keep_last=10, event=lambda *a, **k: None)
+
+    def report_shard(shard):
+        with lock:
+            return coordinator.shard_done(shard)
+
+    saver = CheckpointSaver(job_id=job_id, node_id=0, storage=GatedStorage(str(tmp_path)), report_shard=report_shard,
+                            report_error=print, poll_s=0.005)
+    snaps = [MemorySnapshots(job_id=job_id, node_id=0, rank=r) for r in (0, 1)]
+    try:
+        saver.set_ranks([0, 1])
+        for step in (1, 2):
+            for r in (0, 1):
+                snaps[r].save(layout(step, r, 2), step=step, world_size=2, persist=True)
+        with capture_logs() as logs:
+            saver.request_breakpoint()
+            saver.start()
+            assert entered.wait(10), "rank 1 did not start writing step 1 after step 2"
+            go0.set()  # rank 0's step 2 lands: step 2 is committed while rank 1 writes step 1
+            wait_for(lambda: coordinator.latest == 2, 10, "step 2 to be committed")
+            wait_for(lambda: any(e["event"] == "checkpoint_snapshot_superseded" for e in logs), 10,
+                     "rank 0's step 1 to be superseded")
+            time.sleep(0.1)  # the saver's loop looks at rank 1's step 1 in the same pass, and again
+        t0 = time.monotonic()
+        for r in (0, 1):
+            assert snaps[r].save(layout(3, r, 2), step=3, world_size=2, persist=True)
+        assert time.monotonic() - t0 < 5
+        release.set()
+        result = saver.flush(10)
+        assert result.ok, result
+        assert PosixStorage(str(tmp_path)).latest_step() == 3
+        assert [e for e in logs if e["event"] == "checkpoint_snapshot_superseded"] == [
+            e for e in logs if e["event"] == "checkpoint_snapshot_superseded" and e["rank"] == 0]
+    finally:
+        release.set()
+        go0.set()
+        for s in snaps:
+            s.close()
+        saver.stop(timeout_s=5)
 
 
 def test_a_writer_killed_mid_copy_leaves_no_readable_torn_slot(job_id):
@@ -239,8 +334,6 @@ def test_a_slow_write_is_warned_of_before_it_is_reported_stuck(job_id, tmp_path)
     """A shard write that does not return is logged as ``checkpoint_write_slow`` after a
     quarter of ``persist_timeout_s`` and again at each further quarter, with the seconds
     waited; at ``persist_timeout_s`` it is reported stuck (fatal), and no longer called slow."""
-    import contextlib
-
     from structlog.testing import capture_logs
 
     release = threading.Event()

@@ -36,6 +36,7 @@ import fcntl
 import mmap
 import os
 import struct
+import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -166,6 +167,11 @@ class SnapshotSlot:
         self.identity = (st.st_dev, st.st_ino)
         self.mm: mmap.mmap | None = None
         self._retired: list[mmap.mmap] = []
+        # flock locks belong to the open file, not to a thread: two threads of one process
+        # sharing this object would share one lock, and the first to unlock would drop the
+        # other's (then a worker could overwrite a snapshot still being persisted). This
+        # lock makes each holder of the file lock the only one in the process.
+        self._holder = threading.Lock()
         self._mapped = 0
         self._remap()
 
@@ -229,17 +235,30 @@ class SnapshotSlot:
     # ----- locking -----------------------------------------------------------------------
 
     def try_lock(self, exclusive: bool) -> bool:
+        """Take the file lock without waiting; ``False`` when another process, or another
+        thread using this object, holds it."""
+        if not self._holder.acquire(blocking=False):
+            return False
         try:
             fcntl.flock(self.fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
             return True
         except BlockingIOError:
+            self._holder.release()
             return False
 
     def lock(self, exclusive: bool) -> None:
-        fcntl.flock(self.fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        """Take the file lock, waiting for the threads of this process first."""
+        self._holder.acquire()
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        except BaseException:
+            self._holder.release()
+            raise
 
     def unlock(self) -> None:
+        """Release the lock this thread took with :meth:`try_lock` or :meth:`lock`."""
         fcntl.flock(self.fd, fcntl.LOCK_UN)
+        self._holder.release()
 
     @contextlib.contextmanager
     def shared(self) -> Iterator[None]:

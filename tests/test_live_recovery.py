@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -30,11 +31,12 @@ SAMPLES, BATCH = 96, 4
 
 
 def live_job(tmp: Path, name: str, *, steps: int = 150, nodes: int = 2, nproc: int = 1, sleep_s: float = 0.1,
-             max_restarts: int = 5, hang_timeout_s: float | None = None, persist_every: int = 10) -> Job:
+             max_restarts: int = 5, hang_timeout_s: float | None = None, persist_every: int = 10,
+             extra: tuple[str, ...] = ()) -> Job:
     return Job(
         name=name, entrypoint=str(SCRIPTS / "live_train.py"),
         args=["--steps", str(steps), "--samples", str(SAMPLES), "--batch", str(BATCH), "--step-sleep", str(sleep_s),
-              "--out", str(tmp / "out")],
+              "--out", str(tmp / "out"), "--pace-file", str(tmp / "pace"), *extra],
         nodes=Nodes(min=nodes, max=nodes, nproc_per_node=nproc), accelerator="cpu",
         checkpoint=Checkpoint(dir=str(tmp / "ck"), persist_every_steps=persist_every),
         failure=Failure(max_restarts=max_restarts, stop_grace_s=2, hang_timeout_s=hang_timeout_s),
@@ -93,6 +95,28 @@ def reformed(run) -> list[tuple[str, int]]:
     return [(e["reason"], e["world_size"]) for e in events if e["kind"] == "live_reformed"]
 
 
+def hurry_once_whole(tmp: Path, run, world_size: int, gone: set[int]) -> None:
+    """Once ``world_size`` workers run again, none of them one of the ``gone`` pids, and each
+    has trained a step (the replacements rejoined), let the remaining steps run without
+    their sleep: nothing is left to watch but that they end well (``--pace-file`` of
+    ``live_train.py``; it changes no step). Watches on a thread of its own, since the test
+    goes on to ``run.wait()``, which supervises the job as a user's would."""
+    def whole() -> bool:
+        pids = set(run.status().worker_pids.values())
+        logs = [tmp / "out" / f"steps_{pid}.jsonl" for pid in pids]
+        return len(pids) == world_size and not pids & gone and all(p.exists() and p.stat().st_size for p in logs)
+
+    def watch() -> None:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not run.status().state.is_terminal:
+            if whole():
+                (tmp / "pace").write_text("0.005")
+                return
+            time.sleep(0.1)
+
+    threading.Thread(target=watch, name="hurry", daemon=True).start()
+
+
 def finish(run, shm_before: set[str]):
     result = run.wait(progress=False, timeout_s=180)
     assert result.state == JobState.SUCCEEDED, result.reason
@@ -113,6 +137,7 @@ def test_sigkilled_worker_is_replaced_while_the_survivor_keeps_training(tmp_path
     pids = first_pids(run, 2)
     wait_for(lambda: run.status().step >= 10, 60, "step 10")
     os.kill(pids[1], signal.SIGKILL)
+    hurry_once_whole(tmp_path, run, 2, gone={pids[1]})
     result = finish(run, shm_before)
     assert result.restarts == 1
     (failure,) = result.failures
@@ -135,6 +160,7 @@ def test_two_workers_killed_in_quick_succession_on_a_three_worker_node(tmp_path)
     os.kill(pids[1], signal.SIGKILL)
     time.sleep(0.2)
     os.kill(pids[2], signal.SIGKILL)
+    hurry_once_whole(tmp_path, run, 3, gone={pids[1], pids[2]})
     result = finish(run, shm_before)
     assert result.restarts == 2 and all(f.recovery == "live" for f in result.failures), result.failures
     sizes = [e["world_size"] for e in job_events(result) if e["kind"] == "live_reformed"]
@@ -152,6 +178,7 @@ def test_replacement_killed_while_it_joins(tmp_path):
     wait_for(lambda: run.status().worker_pids.get(1) not in (None, pids[1]), 60, "the replacement")
     replacement = run.status().worker_pids[1]
     os.kill(replacement, signal.SIGKILL)  # it is still starting (importing, building its model) or joining
+    hurry_once_whole(tmp_path, run, 2, gone={pids[1], replacement})
     result = finish(run, shm_before)
     assert result.restarts == 2 and [f.recovery for f in result.failures] == ["live", "live"]
     by_step = check_lineage(tmp_path, steps=200, world_size=2, survivors={pids[0]})
@@ -167,6 +194,7 @@ def test_stopped_worker_is_replaced_after_the_hang_timeout(tmp_path):
     pids = first_pids(run, 2)
     wait_for(lambda: run.status().step >= 10, 60, "step 10")
     os.kill(pids[1], signal.SIGSTOP)
+    hurry_once_whole(tmp_path, run, 2, gone={pids[1]})
     result = finish(run, shm_before)
     (failure,) = result.failures
     assert failure.kind == "hang" and failure.recovery == "live", failure
@@ -180,10 +208,13 @@ def test_kill_during_checkpoint_persists_keeps_every_commit_whole(tmp_path):
     shm_before = shm_entries()
     run = live_job(tmp_path, "live5", steps=400, persist_every=2, sleep_s=0.05).submit()
     pids = first_pids(run, 2)
+    killed = set()
     for i, at in enumerate((8, 50)):
         wait_for(lambda at=at, i=i: run.status().step >= at and len(reformed(run)) == 2 * i, 90,
                  f"step {at} at full size")
+        killed.add(run.status().worker_pids[1])
         os.kill(run.status().worker_pids[1], signal.SIGKILL)
+    hurry_once_whole(tmp_path, run, 2, gone=killed)
     result = finish(run, shm_before)
     assert result.restarts == 2
     steps = check_committed_steps(tmp_path / "ck")
@@ -214,6 +245,7 @@ def test_killed_agent_node_is_relaunched_and_rejoins_while_the_other_keeps_train
     wait_for(lambda: run.status().step >= 10, 60, "step 10")
     handle = json.loads((Path(run.handle.log_dir) / "handle.json").read_text())
     os.kill(handle["agents"]["node-1"], signal.SIGKILL)
+    hurry_once_whole(tmp_path, run, 2, gone={pids[1]})
     result = finish(run, shm_before)
     failure = next(f for f in result.failures if f.kind == "node_lost")
     assert failure.recovery == "live" and "local scheduler" in failure.detail, failure
@@ -221,3 +253,25 @@ def test_killed_agent_node_is_relaunched_and_rejoins_while_the_other_keeps_train
     assert [(e["reason"], e["world_size"]) for e in events if e["kind"] == "live_reformed"] == [("error", 1), ("grow", 2)]
     assert not any(e["kind"] == "rendezvous_completed" and e["round"] > 0 for e in events)
     check_lineage(tmp_path, steps=200, world_size=2, survivors={pids[0]})
+
+
+@pytest.mark.timeout(240)
+def test_a_worker_that_crashes_while_exiting_after_the_last_step_is_restarted_not_awaited(tmp_path):
+    """Rank 0 finishes the last step, then dies of SIGABRT in interpreter teardown (what a
+    native library's exit can do). Its peer has finished too, so no replacement can join a
+    running world: every worker restarts instead, restores the final commit, trains no step
+    again, and the job succeeds (it used to wait for a replacement that never came)."""
+    shm_before = shm_entries()
+    run = live_job(tmp_path, "live7", steps=30, sleep_s=0.02,
+                   extra=("--abort-at-exit-once", str(tmp_path / "aborted"))).submit()
+    result = finish(run, shm_before)
+    assert (tmp_path / "aborted").exists()
+    (failure,) = result.failures
+    assert failure.signal == "SIGABRT" and failure.recovery == "restart_all", failure
+    assert "finished the last step" in failure.action, failure.action
+    assert result.restarts == 1 and result.final_step == 29
+    for rank in (0, 1):
+        steps = [json.loads(line)["step"] for path in (tmp_path / "out").glob("steps_*.jsonl")
+                 for line in path.read_text().splitlines() if json.loads(line)["rank"] == rank]
+        assert sorted(steps) == list(range(30)), f"rank {rank} trained a step twice or skipped one"
+    assert check_committed_steps(tmp_path / "ck")[-1] == 29

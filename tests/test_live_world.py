@@ -102,6 +102,18 @@ def test_a_waiting_replacement_is_told_finished_when_the_members_are_done():
     assert ask(w, (1, 0), 20, -1, reason="join").state == "finished"
 
 
+def test_a_member_that_dies_after_finishing_the_last_step_is_not_replaced_live():
+    """A worker that crashes on its way out (after ``train.steps()`` ended: a native
+    teardown abort) has no running world to rejoin: its peers are finished or finishing.
+    The live world says so, and the master restarts every worker instead."""
+    w = world([(0, 0), (1, 0)])
+    ask(w, (0, 0), 10, 0, reason="ready")
+    ask(w, (1, 0), 11, 0, reason="ready")
+    assert ask(w, (1, 0), 11, 0, reason="done").state == "finished"
+    w.worker_died((0, 0))
+    assert "finished the last step" in w.can_go_on() and "node 1 local rank 0" in w.can_go_on()
+
+
 def test_replacements_alone_never_form_a_generation():
     """Without a replica (every worker that held the state died) the replacements would start
     from nothing: they wait (the master restarts every worker meanwhile)."""

@@ -96,6 +96,9 @@ class LiveWorld:
         """``""`` when the survivors can be re-formed without stopping, else why not."""
         if self.closed:
             return self.closed
+        if self.done:  # a replacement would wait for peers that have left train.steps()
+            return (f"worker(s) {', '.join(f'node {n} local rank {lr}' for n, lr in sorted(self.done)[:4])} finished "
+                    "the last step: a replacement has no running world to join")
         alive = self.survivors()
         if not alive:
             return "no worker of the round survived"

@@ -33,3 +33,48 @@ def test_the_group_is_destroyed_at_a_normal_exit_only(tmp_path, how, initialized
     proc = subprocess.run([sys.executable, "script.py", how], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == code, proc.stderr[-2000:]
     assert f"initialized at exit: {initialized}" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+
+#: two ranks of a DDP model that ``train.steps()`` would rebuild on each live generation
+DDP_SCRIPT = textwrap.dedent("""
+    import atexit, sys
+    import torch
+
+    def check():
+        from dlrover_core.parallel.ddp import replicated_modules
+        print("ddp held at exit:", [m._ddp is not None for m in replicated_modules()], flush=True)
+
+    atexit.register(check)
+    from dlrover_core import train
+    from dlrover_core.parallel.ddp import replicate
+    train.init()
+    model = replicate(torch.nn.Linear(4, 1))
+    assert model._ddp is not None  # a two-rank world: a real DDP
+    model(torch.randn(2, 4)).sum().backward()
+    keep = model  # a module global: still reachable when the interpreter exits
+""")
+
+
+def test_live_models_release_their_ddp_before_the_group_is_destroyed(tmp_path):
+    """The DDP reducer holds the process group: left to interpreter finalization it can
+    abort the process like the group itself. The exit hook drops the wrappers first."""
+    import datetime
+    import os
+
+    import torch.distributed as dist
+
+    (tmp_path / "script.py").write_text(DDP_SCRIPT)
+    # the round's store, hosted as the agent (or torchrun) hosts it
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=60))
+    port = store.port
+    procs = [subprocess.Popen([sys.executable, "script.py"], cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                                   "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+                                   "LOCAL_WORLD_SIZE": "2"})
+             for rank in range(2)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err[-2000:]
+        assert "ddp held at exit: [False]" in out, out + err[-2000:]

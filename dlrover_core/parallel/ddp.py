@@ -54,6 +54,12 @@ def _replicated_module_type() -> type:
                 ddp = torch.nn.parallel.DistributedDataParallel(self.module, init_sync=init_sync, **self._options)
                 object.__setattr__(self, "_ddp", ddp)
 
+        def release(self) -> None:
+            """Drop the DDP wrapper (its reducer holds the process group): called at a
+            normal exit, before the group is destroyed (see
+            ``train.process_group._destroy_group_at_exit``)."""
+            object.__setattr__(self, "_ddp", None)
+
         def forward(self, *args: Any, **kwargs: Any) -> Any:
             return (self._ddp or self.module)(*args, **kwargs)
 

@@ -19,6 +19,7 @@ import attrs
 
 from dlrover_core import env
 from dlrover_core.logging import get_logger
+from dlrover_core.parallel.ddp import replicated_modules
 from dlrover_core.plugins import get_host
 from dlrover_core.train.checkpointer import prefault_restore
 from dlrover_core.train.context import WorkerInfo, current_job, is_joiner, is_live, worker_info
@@ -149,8 +150,6 @@ def _destroy_group_at_exit() -> None:
         import torch.distributed as dist  # heavy: torch
 
         if dist.is_available() and dist.is_initialized():
-            from dlrover_core.parallel.ddp import replicated_modules
-
             for module in replicated_modules():
                 module.release()
             gc.collect()  # DDP models the script dropped, in reference cycles (hooks), go now

@@ -205,7 +205,13 @@ def log_record(line: str) -> dict[str, Any]:
 
 
 class JobRun:
-    """A submitted job: ask its status, stream its logs, cancel it, or wait for its result."""
+    """A submitted job: ask its status, stream its logs, cancel it, or wait for its result.
+
+    :meth:`wait` also supervises the job (``SchedulerBackend.supervise``): on the ``local``
+    scheduler it restarts a master that died and tells the master at once of an agent
+    process that exited. :meth:`status` only reads; a caller that polls it instead of
+    waiting leaves a killed agent to ``Failure.heartbeat_timeout_s`` and a dead master dead.
+    """
 
     def __init__(self, *, backend: SchedulerBackend, plan: Plan | None, handle: JobHandle) -> None:
         self.backend = backend
@@ -217,6 +223,7 @@ class JobRun:
         return self.handle.job_id
 
     def status(self) -> JobStatus:
+        """The job's status now (reads only: :meth:`wait` supervises)."""
         return self.backend.status(self.handle)
 
     def cancel(self) -> None:

@@ -8,6 +8,7 @@ process is real; agents are killed with real signals.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 from click.testing import CliRunner
-from helpers import SCRIPTS, job_processes, shm_entries
+from helpers import SCRIPTS, job_processes, shm_entries, wait_for
 
 from dlrover_core import JobState
 from dlrover_core.cli import main
@@ -188,6 +189,35 @@ def test_a_host_with_another_rdzv_id_is_refused_with_both_ids(tmp_path):
         os.killpg(first.pid, signal.SIGTERM)
         first.wait(timeout=60)
     assert job_processes("job-a") == []
+
+
+def test_a_master_draining_after_sigterm_does_not_spin(tmp_path):
+    """SIGTERM cancels the master, which then drains while an agent has not gone (here one
+    is stopped). The signal set the event its loop waits on; it must still pace itself
+    (it used to spin a whole core until the drain time ran out)."""
+    port = _free_port()
+    (tmp_path / "wait.py").write_text("import time\ntime.sleep(60)\n")
+    first = _launch(tmp_path, 0, port, "spin", "wait.py")
+    agent = master = None
+    try:
+        agent = _agent_of(first)
+        master = wait_for(lambda: next((p for p in psutil.Process(first.pid).children()
+                                        if p.name() == "dlrover-master"), None), 30, "the master")
+        time.sleep(1.0)  # (its signal handlers are set up)
+        agent.send_signal(signal.SIGSTOP)  # an agent that does not say goodbye
+        master.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        t0 = sum(master.cpu_times()[:2])
+        time.sleep(2.0)
+        share = (sum(master.cpu_times()[:2]) - t0) / 2.0
+        assert share < 0.5, f"the draining master used {share:.0%} of a core"
+    finally:
+        for proc in (agent, master):  # (each leads a process group of its own)
+            if proc is not None:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.kill()
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=60)
 
 
 def _tree(pid: int) -> list[psutil.Process]:

@@ -234,7 +234,12 @@ def main(argv: list[str] | None = None) -> int:
             finished_at = finished_at or time.monotonic()
             if master.drained() or time.monotonic() - finished_at > drain_s:
                 break
-        stop.wait(0.1)
+        # a signal sets ``stop`` to cut this wait short once; after it the loop must still
+        # pace itself (Event.wait returns at once when set: the drain would spin a core)
+        if stop.is_set():
+            time.sleep(0.1)
+        else:
+            stop.wait(0.1)
     result = master.result()
     _write_atomic(log_dir / "goodput.json", json.dumps(master.status().goodput, indent=2))
     _write_atomic(log_dir / "result.json", json.dumps(result.to_dict(), indent=2))

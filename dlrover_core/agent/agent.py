@@ -76,6 +76,7 @@ from dlrover_core.protocol.messages import (
     WorkerFailure,
 )
 from dlrover_core.retry import rpc_retrying
+from dlrover_core.signals import SignalWatcher
 from dlrover_core.spec import JobSpec
 
 __all__ = ["ElasticAgent"]
@@ -181,14 +182,15 @@ class ElasticAgent:
     # ----- entry -----------------------------------------------------------------------
 
     def install_signal_handlers(self) -> None:
-        """Forward SIGTERM/SIGINT: stop the workers with a grace period, then exit."""
+        """Forward SIGTERM/SIGINT: stop the workers with a grace period, then exit. The stop
+        is set on a watcher thread (:class:`~dlrover_core.signals.SignalWatcher`), never in
+        the handler: the main thread may be inside the stop event's own lock."""
 
-        def handler(signum: int, _frame: object) -> None:
+        def on_signal(signum: int) -> None:
             self._signal = signum
             self._stop.set()
 
-        signal.signal(signal.SIGTERM, handler)
-        signal.signal(signal.SIGINT, handler)
+        SignalWatcher(on_signal).start()
 
     def request_stop(self) -> None:
         """Ask the agent to stop its workers and exit (thread-safe)."""

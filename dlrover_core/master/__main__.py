@@ -33,6 +33,7 @@ from dlrover_core.master.server import MasterServer
 from dlrover_core.plugins import get_host
 from dlrover_core.protocol.messages import Cancel
 from dlrover_core.scheduler_backend import JobHandle
+from dlrover_core.signals import SignalWatcher
 from dlrover_core.spec import JobSpec
 
 #: Seconds between writes of soft state (progress, metrics, goodput) to the journal in a
@@ -209,11 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         _write_atomic(Path(addr_file), f"{args.host}:{server.port}")
     log.info("master_started", job_id=args.job_id, addr=f"{args.host}:{server.port}", pid=os.getpid())
 
-    def on_signal(signum: int, _frame: object) -> None:
-        master.cancel(Cancel(reason=f"master received {signal.Signals(signum).name}"))
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    # the cancel runs on the watcher's thread, not in the handler: the main thread may hold a
+    # lock the cancel takes (a log write, the events file), which would deadlock the master
+    SignalWatcher(lambda signum: master.cancel(Cancel(reason=f"master received {signal.Signals(signum).name}"))).start()
     watch = int(os.environ.get(env.WATCH_PID, "0") or 0)
 
     drain_s = job.failure.stop_grace_s + 3 * job.heartbeat_interval_s + 5.0
@@ -231,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             finished_at = finished_at or time.monotonic()
             if master.drained() or time.monotonic() - finished_at > drain_s:
                 break
-        time.sleep(0.1)  # (a signal cancels the job; the next pass sees it: no event to wait on)
+        time.sleep(0.1)  # (a signal cancels the job on the watcher's thread; the next pass sees it)
     result = master.result()
     _write_atomic(log_dir / "goodput.json", json.dumps(master.status().goodput, indent=2))
     _write_atomic(log_dir / "result.json", json.dumps(result.to_dict(), indent=2))

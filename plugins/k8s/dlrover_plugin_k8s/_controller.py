@@ -27,7 +27,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Protocol
@@ -174,7 +173,28 @@ class PodController:
         return out
 
 
-def _wait_master(master: HttpMasterLink, result: Path, stop: threading.Event, timeout_s: float) -> bool:
+class _StopFlag:
+    """Set by the SIGTERM/SIGINT handler. Lock-free, unlike ``threading.Event``: a handler
+    runs in the main thread wherever it is, possibly inside the event's own lock in ``wait``,
+    and setting the event there would deadlock the controller."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def set(self, *_: object) -> None:
+        self.requested = True
+
+    def is_set(self) -> bool:
+        return self.requested
+
+    def wait(self, timeout_s: float) -> None:
+        """Sleep up to ``timeout_s`` seconds, waking within 0.1 s of a stop."""
+        deadline = time.monotonic() + timeout_s
+        while not self.requested and time.monotonic() < deadline:
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+
+
+def _wait_master(master: HttpMasterLink, result: Path, stop: _StopFlag, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while not stop.is_set() and time.monotonic() < deadline:
         if master.status() is not None or result.exists():
@@ -206,9 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     config = K8sConfig.from_env()
     namespace = os.environ.get("DLROVER_K8S_NAMESPACE") or config.namespace
     job = JobSpec.from_dict(json.loads(os.environ[env.JOB_SPEC]))
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop = _StopFlag()
+    signal.signal(signal.SIGTERM, stop.set)
+    signal.signal(signal.SIGINT, stop.set)
     result = Path(args.log_dir) / "result.json"
     master = HttpMasterLink(args.master_addr)
     controller = PodController(api=KubeApi(config), namespace=namespace, job_id=args.job_id, job=job, master=master)

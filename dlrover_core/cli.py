@@ -8,7 +8,6 @@ import json
 import os
 import re
 import runpy
-import signal
 import socket
 import sys
 from pathlib import Path
@@ -31,6 +30,7 @@ from dlrover_core.logging import json_mode, write_record
 from dlrover_core.plugins import get_host
 from dlrover_core.protocol.result import NO_STEPS_NOTE, format_exit_codes
 from dlrover_core.runner import check_checkpoint_storage, find_job, log_record, progress_fields, progress_line
+from dlrover_core.signals import DEFAULT_STOP_SIGNALS, SIGNALS_ENV, parse_signals
 from dlrover_core.spec import Checkpoint, Failure, Nodes, auto_heartbeat
 from dlrover_core.validation import validate_job
 
@@ -225,7 +225,7 @@ def _interface_of(address: str) -> str | None:
               help="Static backend: the job master's port (29500; a free one with one node).")
 @click.option("--local-addr", "--local_addr", "local_addr", default=None, envvar="PET_LOCAL_ADDR",
               help="This host's address: workers' collectives use its interface (GLOO_SOCKET_IFNAME).")
-@click.option("--signals-to-handle", "--signals_to_handle", "signals_to_handle", default="SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+@click.option("--signals-to-handle", "--signals_to_handle", "signals_to_handle", default=DEFAULT_STOP_SIGNALS,
               show_default=True, envvar="PET_SIGNALS_TO_HANDLE",
               help="Signals forwarded to the agent, which stops the workers gracefully.")
 @click.option("--shutdown-timeout", "--shutdown_timeout", "shutdown_timeout", type=float, default=None,
@@ -309,7 +309,7 @@ def run(nnodes, nproc_per_node, rdzv_backend, rdzv_endpoint, rdzv_id, rdzv_conf,
         if simulate_nodes is not None:
             _check_worker_count(nodes, accelerator, "local", force)
             _agent_environment(nproc, redirects, tee, local_ranks_filter, no_python, local_addr)
-            os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = signals_to_handle
+            os.environ[SIGNALS_ENV] = signals_to_handle
             if dryrun:
                 click.echo(str(job.dryrun()))
                 return
@@ -322,7 +322,7 @@ def run(nnodes, nproc_per_node, rdzv_backend, rdzv_endpoint, rdzv_id, rdzv_conf,
                           master_port=master_port, is_host=conf.get("is_host"))
         _agent_environment(nproc, redirects, tee, local_ranks_filter, no_python, local_addr)
         signals = _signals(signals_to_handle)
-        os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = signals_to_handle  # as torchrun: its workers inherit it
+        os.environ[SIGNALS_ENV] = signals_to_handle  # as torchrun: its workers inherit it
         if dryrun:
             node = "assigned by the job master" if plan.node_rank is None else str(plan.node_rank)
             click.echo(f"# this host: one agent, node {node}; the job master at {plan.endpoint} "
@@ -422,13 +422,10 @@ def _agent_environment(nproc: int | str, redirects: str, tee: str, local_ranks_f
 
 
 def _signals(text: str) -> tuple[int, ...]:
-    out = []
-    for name in filter(None, (p.strip() for p in text.split(","))):
-        try:
-            out.append(int(signal.Signals[name]))
-        except KeyError:
-            raise click.BadParameter(f"{name!r} is not a signal name", param_hint="--signals-to-handle") from None
-    return tuple(out)
+    try:
+        return parse_signals(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--signals-to-handle") from None
 
 
 def _free_port() -> int:

@@ -18,11 +18,52 @@ import contextlib
 import os
 import signal
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from dlrover_core.logging import get_logger
 
-__all__ = ["SignalWatcher"]
+__all__ = ["DEFAULT_STOP_SIGNALS", "SIGNALS_ENV", "SignalWatcher", "parse_signals", "stop_signals"]
+
+#: The variable naming the signals that stop a job's processes gracefully, comma-separated
+#: names (torchrun's ``--signals-to-handle``, which it exports to its workers under this name).
+SIGNALS_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+#: torchrun's default for ``--signals-to-handle`` (``torch.distributed.run``).
+DEFAULT_STOP_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+
+
+def parse_signals(text: str) -> tuple[int, ...]:
+    """``"SIGTERM,SIGHUP"`` -> their numbers, in order, without repeats.
+
+    Raises:
+        ValueError: a name that is not a signal of this platform, or SIGKILL or SIGSTOP,
+            which no process can handle (names it).
+    """
+    out: list[int] = []
+    for name in filter(None, (part.strip() for part in text.split(","))):
+        try:
+            number = int(signal.Signals[name])
+        except KeyError:
+            raise ValueError(f"{name!r} is not a signal name (e.g. SIGTERM, SIGHUP)") from None
+        if number in (signal.SIGKILL, signal.SIGSTOP):
+            raise ValueError(f"{name} cannot be handled by any process: leave it out")
+        if number not in out:
+            out.append(number)
+    return tuple(out)
+
+
+def stop_signals(environ: Mapping[str, str] | None = None) -> tuple[int, ...]:
+    """The signals on which a master or agent stops its job gracefully: SIGTERM and SIGINT,
+    and those ``TORCHELASTIC_SIGNALS_TO_HANDLE`` names (set by ``dlrover run
+    --signals-to-handle``, whose launcher forwards them), else torchrun's default list
+    (adding SIGHUP, a closed terminal, and SIGQUIT). Unknown names there are skipped: the
+    launcher checked them already."""
+    text = (os.environ if environ is None else environ).get(SIGNALS_ENV) or DEFAULT_STOP_SIGNALS
+    named: list[int] = []
+    for part in text.split(","):
+        with contextlib.suppress(ValueError):
+            named.extend(parse_signals(part))
+    return tuple(dict.fromkeys((int(signal.SIGTERM), int(signal.SIGINT), *named)))
+
 
 #: A byte no signal has: written by :meth:`SignalWatcher.stop` to end the thread.
 _STOP = 0
@@ -40,7 +81,7 @@ class SignalWatcher:
         callback: called once per delivered signal, in the order they arrived, on the
             watcher's thread; an exception it raises is logged (``signal_callback_failed``)
             and the watcher goes on.
-        signals: the signal numbers to watch (default SIGTERM and SIGINT).
+        signals: the signal numbers to watch (default :func:`stop_signals`).
 
     :meth:`start` must be called in the main thread (the only one that may install handlers
     or the wakeup fd) and replaces the process's wakeup fd; :meth:`stop` restores the
@@ -52,10 +93,9 @@ class SignalWatcher:
         ValueError: ``start`` is called outside the main thread.
     """
 
-    def __init__(self, callback: Callable[[int], None],
-                 signals: Iterable[int] = (signal.SIGTERM, signal.SIGINT)) -> None:
+    def __init__(self, callback: Callable[[int], None], signals: Iterable[int] | None = None) -> None:
         self._callback = callback
-        self._signals = tuple(int(s) for s in signals)
+        self._signals = stop_signals() if signals is None else tuple(int(s) for s in signals)
         self._previous: dict[int, object] = {}
         self._previous_fd: int | None = None
         self._read_fd: int | None = None

@@ -191,6 +191,34 @@ def test_a_host_with_another_rdzv_id_is_refused_with_both_ids(tmp_path):
     assert job_processes("job-a") == []
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGQUIT])
+def test_a_hangup_or_quit_cancels_the_job_like_sigterm(tmp_path, signum):
+    """SIGHUP (a closed terminal, a dropped SSH session) and SIGQUIT are among the signals
+    the launcher forwards (torchrun's ``--signals-to-handle`` default). The master and the
+    agent handle them as SIGTERM: the job ends CANCELLED with its result written, and no
+    process or shared memory is left (they used to die at once, leaving neither)."""
+    port = _free_port()
+    before_shm = shm_entries()
+    first = _launch(tmp_path, 0, port, "hup", str(SCRIPTS / "tiny_train.py"), "--steps", "100000",
+                    "--step-sleep", "0.05", nnodes="1")
+    try:
+        wait_for(lambda: any(e["kind"] == "checkpoint_committed" for e in _events(tmp_path, "hup")), 60,
+                 "a first commit")
+        os.killpg(first.pid, signum)
+        code = first.wait(timeout=60)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait(timeout=60)
+    result = json.loads((tmp_path / "runs" / "hup" / "result.json").read_text())
+    name = signal.Signals(signum).name
+    assert result["state"] == JobState.CANCELLED.value and name in result["reason"], result
+    assert code == 128 + signum
+    assert job_processes("hup") == []
+    assert {e for e in shm_entries() - before_shm if "hup" in e} == set()
+
+
 def test_a_master_draining_after_sigterm_does_not_spin(tmp_path):
     """SIGTERM cancels the master, which then drains while an agent has not gone (here one
     is stopped). The signal set the event its loop waits on; it must still pace itself

@@ -14,8 +14,10 @@ import threading
 import time
 
 import pytest
+from click.testing import CliRunner
 
-from dlrover_core.signals import SignalWatcher
+from dlrover_core import cli
+from dlrover_core.signals import SIGNALS_ENV, SignalWatcher, parse_signals, stop_signals
 
 
 @pytest.mark.timeout(30)
@@ -126,3 +128,21 @@ def test_signals_at_random_moments_of_a_busy_logging_main_thread_are_all_answere
             proc.wait()
     assert proc.returncode == 0, out
     assert (tmp_path / "events").read_text().count("signal\n") == want
+
+
+def test_stop_signals_are_sigterm_sigint_and_the_launchers_list_else_torchruns_default():
+    names = lambda nums: [signal.Signals(n).name for n in nums]  # noqa: E731
+    assert names(stop_signals({})) == ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"]
+    assert names(stop_signals({SIGNALS_ENV: "SIGUSR1, SIGHUP"})) == ["SIGTERM", "SIGINT", "SIGUSR1", "SIGHUP"]
+    assert names(stop_signals({SIGNALS_ENV: "SIGTERM,SIGBOGUS,SIGKILL,SIGUSR2"})) == ["SIGTERM", "SIGINT", "SIGUSR2"]
+    assert parse_signals("SIGHUP,SIGHUP,SIGTERM") == (signal.SIGHUP, signal.SIGTERM)
+
+
+@pytest.mark.parametrize(("value", "message"), [("SIGTERM,SIGBOGUS", "'SIGBOGUS' is not a signal name"),
+                                                ("SIGKILL", "SIGKILL cannot be handled")])
+def test_signals_to_handle_that_no_process_can_handle_are_refused_naming_the_option(tmp_path, value, message):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    result = CliRunner().invoke(cli.main, ["run", "--signals-to-handle", value, str(script)])
+    assert result.exit_code == 2, result.output
+    assert "--signals-to-handle" in result.output and message in result.output, result.output

@@ -87,6 +87,21 @@ def test_failure_restarts_everyone_once_per_round(master):
     assert (rec.rank, rec.signal, rec.exit_code) == (1, "SIGKILL", -9)
 
 
+def test_a_worker_failing_after_the_job_was_cancelled_is_no_failure_of_the_job(master):
+    """A cancel stops the nodes a heartbeat apart: a worker whose peer was stopped first
+    fails in its collective. That report is answered "stop", named for what it is, and kept
+    out of the result (it used to be listed as "round 0 was already being restarted")."""
+    form_round(master)
+    master.cancel(Cancel(reason="cancelled by the user"))
+    answer = fail(master, 1, 0, rank=1, exit_code=1)
+    assert answer.action == "stop" and master.restarts == 0
+    result = master.result()
+    assert result.state == JobState.CANCELLED and result.failures == ()
+    events = [json.loads(line) for line in (master.log_dir / "events.jsonl").read_text().splitlines()]
+    late = [e for e in events if e["kind"] == "worker_failed"]
+    assert len(late) == 1 and late[0]["action"] == "none: the job had already ended CANCELLED"
+
+
 def test_exhausted_budget_fails_with_reason(master):
     form_round(master)
     fail(master, 1, 0, rank=1, exit_code=-9)

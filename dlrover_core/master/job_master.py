@@ -626,7 +626,10 @@ class JobMaster:
             world = current.world_size if current is not None else 0
             verdicts = [self._errors.record(round_index, world, f.rank, f.exception) for f in failures]
             verdict = next(((v, f.exception) for v, f in zip(verdicts, failures, strict=True) if v), None)
-            if consequence:
+            ended = self.state.is_terminal  # (a worker of a cancelled job failing as its peers stop)
+            if ended:
+                action = f"none: the job had already ended {self.state.value}"
+            elif consequence:
                 action = f"none: round {round_index} was already being restarted"
             elif held:
                 action = f"none: round {round_index} already failed (its restart waits for the other ranks)"
@@ -669,7 +672,8 @@ class JobMaster:
                 if counted and not self.state.is_terminal:
                     rec = attrs.evolve(rec, recovery="live" if replaced else (
                         "restart_all" if round_index < self.required_round or self._held is not None else ""))
-                self.failures.append((rec, counted))
+                if not ended:  # the result lists the job's failures, not what its end caused
+                    self.failures.append((rec, counted))
                 log.warning("worker_failed", node_id=node_id, rank=rec.rank, kind=rec.kind, detail=rec.detail,
                             step=rec.step, action=action)
                 self._event("worker_failed", **{("failure_kind" if k == "kind" else k): v

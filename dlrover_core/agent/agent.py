@@ -182,9 +182,10 @@ class ElasticAgent:
     # ----- entry -----------------------------------------------------------------------
 
     def install_signal_handlers(self) -> None:
-        """Forward SIGTERM/SIGINT: stop the workers with a grace period, then exit. The stop
-        is set on a watcher thread (:class:`~dlrover_core.signals.SignalWatcher`), never in
-        the handler: the main thread may be inside the stop event's own lock."""
+        """On SIGTERM, SIGINT and the other stop signals (:func:`~dlrover_core.signals.stop_signals`:
+        SIGHUP and SIGQUIT by default), stop the workers with a grace period, then exit. The
+        stop is set on a watcher thread (:class:`~dlrover_core.signals.SignalWatcher`), never
+        in the handler: the main thread may be inside the stop event's own lock."""
 
         def on_signal(signum: int) -> None:
             self._signal = signum

@@ -221,8 +221,8 @@ def test_a_hangup_or_quit_cancels_the_job_like_sigterm(tmp_path, signum):
 
 def test_a_master_draining_after_sigterm_does_not_spin(tmp_path):
     """SIGTERM cancels the master, which then drains while an agent has not gone (here one
-    is stopped). The signal set the event its loop waits on; it must still pace itself
-    (it used to spin a whole core until the drain time ran out)."""
+    is stopped). Its loop must pace itself while it drains (it used to wait on an event the
+    signal had set, and so spun a whole core until the drain time ran out)."""
     port = _free_port()
     (tmp_path / "wait.py").write_text("import time\ntime.sleep(60)\n")
     first = _launch(tmp_path, 0, port, "spin", "wait.py")

@@ -132,8 +132,11 @@ def first_pids(run, ranks: int) -> dict[int, int]:
 
 @pytest.mark.timeout(240)
 def test_sigkilled_worker_is_replaced_while_the_survivor_keeps_training(tmp_path):
+    """The state is written as the README says, with a plain object that keeps the step the
+    loop gives it (``self.step = step``: the repro live-grow-state, where sending it to the
+    replacement killed the survivor and the job then waited for ever)."""
     shm_before = shm_entries()
-    run = live_job(tmp_path, "live1").submit()
+    run = live_job(tmp_path, "live1", extra=("--probe",)).submit()
     pids = first_pids(run, 2)
     wait_for(lambda: run.status().step >= 10, 60, "step 10")
     os.kill(pids[1], signal.SIGKILL)
@@ -149,6 +152,42 @@ def test_sigkilled_worker_is_replaced_while_the_survivor_keeps_training(tmp_path
     assert not any(e["kind"] == "rendezvous_completed" and e["round"] > 0 for e in events)
     check_lineage(tmp_path, steps=150, world_size=2, survivors={pids[0]})
     check_committed_steps(tmp_path / "ck")
+    assert {json.loads(p.read_text())["probe"] for p in (tmp_path / "out").glob("final_*.json")} == {149}
+
+
+@pytest.mark.timeout(300)
+def test_the_holder_killed_while_it_sends_the_state_makes_every_worker_restart(tmp_path):
+    """Rank 1 is SIGKILLed; its replacement joins; rank 0, the only worker holding the
+    training state, is SIGKILLed while it sends it (128 MiB). No one left can give the
+    replacement the state: the master restarts every worker from the newest checkpoint and
+    says why, instead of forming a world of replacements that waits for ever."""
+    shm_before = shm_entries()
+    run = live_job(tmp_path, "live8", steps=80, extra=("--ballast-mb", "128")).submit()
+    pids = first_pids(run, 2)
+    wait_for(lambda: run.status().step >= 10, 60, "step 10")
+    killed_at = time.time()
+    os.kill(pids[1], signal.SIGKILL)
+    sending = tmp_path / "out" / f"sending_{pids[0]}"  # (also written when the loop checked the state at start)
+
+    def sends() -> bool:
+        try:
+            return float(sending.read_text()) > killed_at
+        except (OSError, ValueError):
+            return False
+
+    wait_for(sends, 90, "rank 0 sending its state to the replacement", poll_s=0.002)
+    os.kill(pids[0], signal.SIGKILL)
+    result = finish(run, shm_before)
+    assert [f.recovery for f in result.failures[:2]] == ["live", "restart_all"], result.failures
+    second = result.failures[1]
+    assert second.rank == 0 and second.signal == "SIGKILL", second
+    assert "no surviving worker holds the training state" in second.action, second.action
+    events = job_events(result)
+    assert any(e["kind"] == "live_recovery_unavailable" and "holds the training state" in e["reason"] for e in events)
+    assert any(e["kind"] == "rendezvous_completed" and e["round"] == 1 for e in events)
+    finals = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("final_*.json")]
+    assert len(finals) == 2 and len({f["params"] for f in finals}) == 1, finals
+    assert check_committed_steps(tmp_path / "ck")[-1] == 79
 
 
 @pytest.mark.timeout(300)
@@ -220,6 +259,17 @@ def test_kill_during_checkpoint_persists_keeps_every_commit_whole(tmp_path):
     steps = check_committed_steps(tmp_path / "ck")
     assert steps[-1] == 399
     check_lineage(tmp_path, steps=400, world_size=2, survivors={pids[0]})
+
+
+@pytest.mark.timeout(120)
+def test_a_state_that_cannot_be_sent_to_a_replacement_fails_the_job_at_the_start(tmp_path):
+    """A ``state_dict()`` value that cannot be pickled would only show when a replacement
+    needs the state; the loop checks at its start, and the job fails there, naming it."""
+    result = live_job(tmp_path, "live9", steps=20, extra=("--unsendable",)).run(progress=False)
+    assert result.state == JobState.FAILED
+    assert "LiveRecoveryError: state['probe'].state_dict()['hook'] is a builtins.function" in result.reason, \
+        result.reason
+    assert "live_recovery=False" in result.reason and result.final_step < 0
 
 
 @pytest.mark.timeout(240)

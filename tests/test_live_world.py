@@ -126,6 +126,58 @@ def test_replacements_alone_never_form_a_generation():
     assert w.generation == 0
 
 
+def grown_with_a_replacement():
+    """Generation 2 of a 2-worker world: rank 0 (it held the state all along) and rank 1's
+    replacement (pid 20), which has not received the state yet."""
+    w = world([(0, 0), (1, 0)])
+    ask(w, (0, 0), 10, 0, reason="ready")
+    ask(w, (1, 0), 11, 0, reason="ready")
+    w.worker_died((1, 0), 11)
+    ask(w, (0, 0), 10, 0)
+    ask(w, (1, 0), 20, -1, reason="join", step=-1)
+    ask(w, (0, 0), 10, 1, reason="grow")
+    assert ask(w, (1, 0), 20, -1, reason="join", step=-1).generation == 2
+    return w
+
+
+def test_the_holder_dying_while_it_sends_the_state_leaves_no_world_to_go_on_with():
+    """The repro live-grow-state: rank 0 dies during the broadcast to rank 1's replacement.
+    The replacement is alive but holds nothing: the live world says so (the master restarts
+    every worker from the newest checkpoint), and never forms a generation of it alone."""
+    w = grown_with_a_replacement()
+    w.worker_died((0, 0), 10)
+    why = w.can_go_on()
+    assert "no surviving worker holds the training state" in why and "node 1 local rank 0" in why, why
+    # its collective failed: it asks, still without the state
+    assert w.reform(LiveReform(node_id=1, local_rank=0, pid=20, round=0, generation=2, step=-1, reason="error",
+                               replica=False)).state == "waiting"
+    ask(w, (0, 0), 30, -1, reason="join", step=-1)  # rank 0's replacement
+    w.tick()
+    assert w.generation == 2 and w.can_go_on() == why
+
+
+def test_a_replacement_that_caught_up_can_give_the_state_on():
+    w = grown_with_a_replacement()
+    ask(w, (1, 0), 20, 2, reason="caught_up")
+    w.worker_died((0, 0), 10)
+    assert w.can_go_on() == ""
+    a = ask(w, (1, 0), 20, 2)
+    assert (a.state, a.generation, a.world_size, a.rank) == ("ready", 3, 1, 0)
+
+
+def test_a_generation_of_replacements_only_never_forms():
+    """Every member is a joiner (its state lost with the workers that held it): no one to
+    send the state, so nothing forms and the master is told why."""
+    w = world([(0, 0), (0, 1)])
+    for lr in (0, 1):
+        ask(w, (0, lr), 10 + lr, 0, reason="ready")
+    w.node_died(0)
+    assert ask(w, (0, 0), 20, -1, reason="join", step=-1).state == "waiting"
+    assert ask(w, (0, 1), 21, -1, reason="join", step=-1).state == "waiting"
+    w.tick()
+    assert w.generation == 0 and w.can_go_on() == "no worker of the round survived"
+
+
 def test_a_dead_node_takes_all_its_workers():
     w = world([(0, 0), (0, 1), (1, 0), (1, 1)])
     for slot, pid in zip(w.members, range(10, 14), strict=True):
@@ -146,26 +198,37 @@ STRESS_SEEDS = int(os.environ.get("DLROVER_STRESS_SEEDS", "30"))
 
 @pytest.mark.parametrize("seed", range(STRESS_SEEDS))
 def test_random_schedules_keep_the_invariants(seed):
-    """Workers die (one, or a node's) or freeze, survivors ask at random moments, replacements join,
-    answers are lost and asked again, the clock jumps past the straggler timeout, members
-    finish. After every event: generations only grow; a generation's members are distinct
-    slots ranked in order; no dead process is ever placed; two processes never hold the same
-    rank of a generation; a process asking again gets the same answer; and once every live
-    worker has asked, a generation forms (no deadlock)."""
+    """Workers die (one, or a node's) or freeze, survivors ask at random moments, replacements
+    join and catch up (receive the state), answers are lost and asked again, the clock jumps
+    past the straggler timeout, members finish; the last workers holding the state die while
+    they send it to a replacement. After every event: generations only grow; a generation's
+    members are distinct slots ranked in order, and at least one of them holds the state; no
+    dead process is ever placed; two processes never hold the same rank of a generation; a
+    process asking again gets the same answer; the live world says it can go on only while a
+    live process holds the state. At the end: with a holder left, every live process is
+    placed in the newest generation (no deadlock); with none, the live world says why (the
+    master restarts every worker: no endless wait)."""
     rng = random.Random(seed)
     clock = Clock()
     nodes, nproc = rng.randint(1, 3), rng.randint(1, 3)
     slots = [(n, lr) for n in range(nodes) for lr in range(nproc)]
     w = world(list(slots), clock, timeout_s=5.0)
     next_pid = 100
-    procs: dict[int, dict] = {}  # pid -> {"slot", "gen" (its generation, -1: joining), "alive"}
+    # pid -> {"slot", "gen" (its generation, -1: joining), "alive", "holds" (the training state), "frozen"}
+    procs: dict[int, dict] = {}
     for s in slots:
-        procs[next_pid] = {"slot": s, "gen": 0, "alive": True}
+        procs[next_pid] = {"slot": s, "gen": 0, "alive": True, "holds": True}
         assert ask(w, s, next_pid, 0, reason="ready").state == "ready"
         next_pid += 1
     placed: dict[tuple[int, int], int] = {(0, r): pid for r, pid in enumerate(procs)}
     dead: set[int] = set()
     last_generation = 0
+
+    def send(pid: int, reason: str):
+        v = procs[pid]
+        return w.reform(LiveReform(node_id=v["slot"][0], local_rank=v["slot"][1], pid=pid, round=0,
+                                   generation=v["gen"], step=5 if v["holds"] else -1, reason=reason,
+                                   replica=v["holds"]))
 
     def check(answer, pid):
         nonlocal last_generation
@@ -178,41 +241,58 @@ def test_random_schedules_keep_the_invariants(seed):
         assert 0 <= answer.rank < answer.world_size
         procs[pid]["gen"] = answer.generation
 
-    def holders_without(gone: set[int]) -> int:
-        """Awake members that hold the state, were ``gone`` to die (the master restarts every
-        worker when none is left: not the live world's business)."""
-        return sum(1 for p, v in procs.items()
-                   if v["alive"] and not v.get("frozen") and v["gen"] >= 0 and p not in gone)
+    def holders_left(gone: set[int] = frozenset()) -> list[int]:
+        return [p for p, v in procs.items() if v["alive"] and v["holds"] and p not in gone]
 
-    for _ in range(120):
+    def kill(pids: set[int]) -> None:
+        for p in pids:
+            procs[p]["alive"] = False
+            dead.add(p)
+
+    closed = ""
+    for _ in range(150):
         alive = [p for p, v in procs.items() if v["alive"]]
         roll = rng.random()
-        if roll < 0.12 and alive:  # a worker dies
+        if roll < 0.10 and alive:  # a worker dies (not the last holder: see the broadcast below)
             pid = rng.choice(alive)
-            if not holders_without({pid}):
+            if not holders_left({pid}):
                 continue
-            procs[pid]["alive"] = False
-            dead.add(pid)
+            kill({pid})
             w.worker_died(procs[pid]["slot"], pid)
-        elif roll < 0.16 and alive:  # a whole node dies
+        elif roll < 0.14 and alive:  # a whole node dies
             node = rng.choice([procs[p]["slot"][0] for p in alive])
             on_node = {p for p in alive if procs[p]["slot"][0] == node}
-            if not holders_without(on_node):
+            if not holders_left(on_node):
                 continue
-            for p in on_node:
-                procs[p]["alive"] = False
-                dead.add(p)
+            kill(on_node)
             w.node_died(node)
-        elif roll < 0.22 and alive:  # a worker freezes (SIGSTOP): alive, it never asks again
+        elif roll < 0.17:  # the holders of the running generation die while they send the state
+            joining = [p for p in alive if procs[p]["gen"] == w.generation and not procs[p]["holds"]]
+            senders = {p for p in holders_left() if procs[p]["gen"] == w.generation}
+            if not joining or not senders or set(holders_left()) - senders:
+                continue
+            kill(senders)
+            for p in senders:
+                w.worker_died(procs[p]["slot"], p)
+        elif roll < 0.20 and alive:  # a worker freezes (SIGSTOP): alive, it never asks again
             procs[rng.choice(alive)]["frozen"] = True
-        elif roll < 0.3:  # a replacement for a slot with no live process
+        elif roll < 0.26:  # a replacement for a slot with no live process
             taken = {procs[p]["slot"] for p in alive}
             free = [s for s in slots if s not in taken]
             if free:
                 s = rng.choice(free)
-                procs[next_pid] = {"slot": s, "gen": -1, "alive": True}
-                check(ask(w, s, next_pid, -1, reason="join", step=-1), next_pid)
+                procs[next_pid] = {"slot": s, "gen": -1, "alive": True, "holds": False}
+                check(send(next_pid, "join"), next_pid)
                 next_pid += 1
+        elif roll < 0.32:  # a placed replacement receives the state from a live holder of its generation
+            ready = [p for p in alive if not procs[p]["holds"] and not procs[p].get("frozen")
+                     and procs[p]["gen"] == w.generation and procs[p]["slot"] in w.members
+                     and not procs[p].get("waiting")]
+            sources = [p for p in holders_left() if procs[p]["gen"] == w.generation and not procs[p].get("frozen")]
+            if ready and sources:
+                pid = rng.choice(ready)
+                procs[pid]["holds"] = True
+                send(pid, "caught_up")
         elif roll < 0.4:
             clock.t += rng.choice([0.1, 1.0, 6.0])
             w.tick()
@@ -225,17 +305,27 @@ def test_random_schedules_keep_the_invariants(seed):
             reason = "join" if v["gen"] < 0 else ("grow" if f"live/grow/{v['gen']}" in w.keys else "error")
             if v["gen"] >= 0 and v["slot"] not in w.members and reason != "grow":
                 reason = "error"
-            answer = ask(w, v["slot"], pid, v["gen"], reason=reason)
-            again = ask(w, v["slot"], pid, v["gen"], reason=reason) if answer.state == "ready" else None
+            answer = send(pid, reason)
+            again = send(pid, reason) if answer.state == "ready" else None
             check(answer, pid)
             if again is not None:  # the answer was lost: asking again gives the same place
                 assert (again.generation, again.rank) == (answer.generation, answer.rank)
+        if w.generation > last_generation:  # a new generation: one of its members holds the state
+            members = [p for p in procs if procs[p]["alive"] and procs[p]["slot"] in w.members]
+            assert any(procs[p]["holds"] for p in members), f"generation {w.generation} formed without a holder"
         assert w.generation >= last_generation
         last_generation = w.generation
         assert len(set(w.members)) == len(w.members) and w.members == sorted(w.members)
         assert not any(procs[p]["slot"] in w.members and p in dead and procs[p]["gen"] == w.generation
                        and w.dead.get(procs[p]["slot"], 0) == 0 for p in procs)
+        if not holders_left():  # the master would restart every worker now
+            closed = w.can_go_on()
+            assert closed, "the live world would go on with no live process holding the state"
+            break
 
+    if closed:
+        assert "holds the training state" in closed or "survived" in closed, closed
+        return
     # liveness: every live process asks until placed (members at a step boundary see the
     # grow flag and ask too); the clock moves past the straggler timeout
     def awake(v: dict) -> bool:
@@ -243,10 +333,11 @@ def test_random_schedules_keep_the_invariants(seed):
 
     for pid, v in procs.items():  # the agents' hang watchers kill the frozen ones
         if v["alive"] and v.get("frozen"):
-            v["alive"] = False
-            dead.add(pid)
+            kill({pid})
             w.worker_died(v["slot"], pid)
-    holders = any(awake(v) and v["gen"] >= 0 for v in procs.values())
+    if not any(awake(v) and v["holds"] for v in procs.values()):
+        assert w.can_go_on(), "every holder is gone, yet the live world would go on"
+        return
     for _ in range(4):
         for pid, v in procs.items():
             if not awake(v):
@@ -259,10 +350,10 @@ def test_random_schedules_keep_the_invariants(seed):
                 reason = "grow"
             else:
                 continue
-            check(ask(w, v["slot"], pid, v["gen"], reason=reason), pid)
+            check(send(pid, reason), pid)
         clock.t += 6.0
         w.tick()
-    if holders:  # someone holds the state: every awake process ends up in the newest generation
-        stuck = {p: v for p, v in procs.items() if awake(v) and (v["gen"] != w.generation or v.get("waiting"))}
-        assert not stuck, f"not placed in generation {w.generation}: {stuck}"
-        assert {v["slot"] for v in procs.values() if awake(v)} <= set(w.members)
+    # someone holds the state: every awake process ends up in the newest generation
+    stuck = {p: v for p, v in procs.items() if awake(v) and (v["gen"] != w.generation or v.get("waiting"))}
+    assert not stuck, f"not placed in generation {w.generation}: {stuck}"
+    assert {v["slot"] for v in procs.values() if awake(v)} <= set(w.members)

@@ -727,7 +727,10 @@ class ElasticAgent:
                                    standby=self._take_standby())
             with self._state_lock:
                 self.workers[self.workers.index(old)] = worker
-                self._tails[rank] = ProgressTail(progress, started=time.monotonic())
+                # a replacement: its node's step times still tell the hang timeout, and once it
+                # asks to join (live_ready) it is past its start-up (see HangWatcher.hung)
+                self._tails[rank] = ProgressTail(progress, started=time.monotonic(), joiner=True,
+                                                 step_times=self._tails[rank].step_times)
             log.info("worker_replaced", node_id=self.node_id, round=round_index, rank=rank, local_rank=local_rank,
                      old_pid=old.pid, pid=worker.pid, warm=worker.warm)
 

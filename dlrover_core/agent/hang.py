@@ -5,8 +5,10 @@ restore) for the hang timeout: ``Failure.hang_timeout_s``, or, once steps were s
 median step time of the node's ranks, at least 60 s (slow steps in a healthy job vary by a
 few x at most, and a minute is short next to the 30 minutes of gloo's default timeout).
 Before its first report (imports, data loading, restore) a worker gets at least
-``STARTUP_S``; while the checkpoint saver writes, nobody is hung (a worker waiting for a
-free snapshot slot waits for the storage).
+``STARTUP_S``; a replacement joining the live world only until it asks to join: its wait to
+be let in is held to the hang timeout (its node's step times carry over to it), so no live
+re-form waits for ever. While the checkpoint saver writes, nobody is hung (a worker waiting
+for a free snapshot slot waits for the storage).
 
 Stacks are written next to the worker's log (``stacks_round<R>_rank<r>.txt``): by py-spy
 when installed (it reads a stopped or stuck process from outside), else by the worker's own
@@ -85,7 +87,10 @@ class HangWatcher:
         hung = []
         for w in workers:
             tail = tails[w.rank]
-            limit = timeout if tail.last_step >= 0 else max(timeout, STARTUP_S)
+            # a replacement that asked to join (live_ready) has started up: a wait to join
+            # that outlasts the hang timeout is a hang like any other, never an endless wait
+            started = tail.last_step >= 0 or (tail.joiner and tail.live)
+            limit = timeout if started else max(timeout, STARTUP_S)
             if w.poll() is None and not tail.done and now - tail.last_progress > limit:
                 hung.append(w)
         return hung

@@ -54,15 +54,17 @@ class ProgressTail:
     seen (monotonic seconds), recent step times, and an uncaught exception if one was
     recorded."""
 
-    def __init__(self, path: Path, started: float) -> None:
+    def __init__(self, path: Path, started: float, *, joiner: bool = False, step_times: tuple[float, ...] | list[float] = ()) -> None:
         self.path = path
+        #: a replacement that joins the live world (its wait to join counts as progress time)
+        self.joiner = joiner
         self._offset = 0
         self._partial = b""
         self.last_step = -1
         self.done = False  # the worker left train.steps() after its last step (it is exiting, not hung)
         self.live = False  # the worker loops with train.steps() in a live world (it can be replaced alone)
         self.last_progress = started
-        self.step_times: list[float] = []
+        self.step_times: list[float] = list(step_times)
         self.exception: WorkerException | None = None
         #: records read but not yet forwarded to the master (see :meth:`take_unsent`)
         self.unsent: list[dict[str, Any]] = []

@@ -12,6 +12,12 @@ generation at their next step boundary (reason ``grow``) and the next one includ
 Members that finished the last step say ``done``; a replacement still waiting then is told
 ``finished`` (nothing is left to train: it exits 0).
 
+Only a worker that holds the training state can give it to the others: the round's own
+workers, and a replacement once it received the state (it says ``caught_up``; asking with
+``replica=True`` says the same). A generation never forms without one, and when every
+holder is gone — died while sending the state to a replacement, say — :meth:`LiveWorld.can_go_on`
+says so, and the master restarts every worker from the newest checkpoint instead.
+
 Ranks follow worker slots ``(node_id, local_rank)`` in order, so a world that grows back to
 its full size has the ranks it started with. Not thread-safe: the master holds its lock.
 """
@@ -77,6 +83,7 @@ class LiveWorld:
         self.straggler_timeout_s = straggler_timeout_s
         self.ready: set[Slot] = set()
         self.done: set[Slot] = set()  # members that finished the last step
+        self.holders: set[Slot] = set(members)  # members known to hold the training state
         self.dead: dict[Slot, int | None] = {}  # member slot -> pid that died (None: unknown)
         self.arrived: dict[Slot, LiveReform] = {}
         self.forming_since: float | None = None
@@ -102,6 +109,10 @@ class LiveWorld:
         alive = self.survivors()
         if not alive:
             return "no worker of the round survived"
+        if not any(m in self.holders for m in alive) and not any(a.replica for a in self.arrived.values()):
+            return (f"no surviving worker holds the training state: {_slots(alive)} "
+                    f"{'is a replacement' if len(alive) == 1 else 'are replacements'} that had not received it "
+                    "when the last worker holding it died")
         missing = [m for m in alive if m not in self.ready]
         if missing:
             return (f"worker(s) {', '.join(f'node {n} local rank {lr}' for n, lr in missing[:4])} do not loop with "
@@ -112,6 +123,7 @@ class LiveWorld:
         """A member (or a joiner) died: a forming generation does not wait for it."""
         if slot in self.members:
             self.dead[slot] = pid
+            self.holders.discard(slot)
         waiting = self.arrived.get(slot)
         if waiting is not None and (pid is None or waiting.pid == pid):
             del self.arrived[slot]
@@ -133,6 +145,7 @@ class LiveWorld:
         for slot in [m for m in self.members if m[0] == node_id] + [a for a in self.arrived if a[0] == node_id]:
             if slot in self.members:
                 self.dead[slot] = None
+                self.holders.discard(slot)
             self.arrived.pop(slot, None)
             self.ready.discard(slot)
         self._try_form()
@@ -161,6 +174,12 @@ class LiveWorld:
         placed = self._placed.get(slot)
         if placed is not None and placed[0] == message.pid and placed[1].generation > message.generation:
             return placed[1]  # asked again after it was placed (or an answer was lost)
+        if message.reason == "caught_up":  # a replacement received the state: it can give it on
+            if slot in self.members and slot not in self.dead and message.generation == self.generation:
+                self.holders.add(slot)
+            return self._assignment(slot) if slot in self.members else LiveAssignment(state="waiting")
+        if message.replica and slot in self.members and slot not in self.dead:
+            self.holders.add(slot)
         if message.reason == "done":  # it finished the last step
             if slot in self.members:
                 self.done.add(slot)
@@ -230,6 +249,7 @@ class LiveWorld:
         self.generation += 1
         self.members = new
         self.ready = set(new)  # every one of them asked from inside train.steps()
+        self.holders = {s for s in new if self.arrived[s].replica}
         pids = {s: self.arrived[s].pid for s in new}
         self.dead = {}
         self.arrived = {}
@@ -240,3 +260,9 @@ class LiveWorld:
                                            opened=opened))
         log.info("live_generation_formed", round=self.round, generation=self.generation, world_size=len(new),
                  reason=reason, wait_s=round(now - opened, 4))
+
+
+def _slots(slots: list[Slot]) -> str:
+    """``worker(s) node 1 local rank 0, ...`` (the first four)."""
+    return "worker(s) " + ", ".join(f"node {n} local rank {lr}" for n, lr in slots[:4]) + (
+        f" and {len(slots) - 4} more" if len(slots) > 4 else "")

@@ -714,7 +714,8 @@ class LiveReform:
         reason: ``"ready"`` (it trains inside ``train.steps()`` and can be re-formed: no
             wait, the answer says ``ready`` at once), ``"error"`` (a collective failed),
             ``"grow"`` (the generation ends at this step boundary for a joiner), ``"join"``
-            (a replacement waits to join) or ``"done"`` (it finished the last step).
+            (a replacement waits to join), ``"caught_up"`` (a replacement received the live
+            state: it can give it on) or ``"done"`` (it finished the last step).
         error: with ``error``: the collective's error message.
         replica: it holds the training state (``False``: a replacement that has not caught
             up yet; a generation forms only with a replica in it).

@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import pickle
 import sys
 import threading
 import time
@@ -97,9 +98,10 @@ _COLLECTIVE_ERRORS = ("gloo", "nccl", "connection", "closed by peer", "reset by 
 
 
 class LiveRecoveryError(DLRoverError):
-    """The job master cannot be reached while the world re-forms (a worker whose world
-    cannot go on live — every worker restarts, or the job ended — exits quietly instead:
-    its agent stops it anyway)."""
+    """The job master cannot be reached while the world re-forms, or the training state
+    cannot be sent to a replacement (a ``state_dict()`` value that ``pickle`` refuses: the
+    message names it). A worker whose world cannot go on live — every worker restarts, or
+    the job ended — exits quietly instead: its agent stops it anyway."""
 
 
 def is_collective_error(exc: BaseException) -> bool:
@@ -145,11 +147,25 @@ class Step(int):
     def generation(self) -> int:
         return self._loop.generation
 
+    def __reduce__(self) -> tuple[type, tuple[int]]:
+        """Pickles (and copies) as the plain ``int``: a script that keeps the step in its
+        state (``self.step = step``) must not carry the loop, and with it the model and the
+        process group, into a state it sends or saves."""
+        return (int, (int(self),))
+
     def __enter__(self) -> Step:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         return self._loop.step_exit(self, exc)
+
+
+@attrs.frozen
+class _Refused:
+    """Sent instead of a state skeleton that cannot be pickled: every member raises ``why``
+    (none is left waiting for tensors that never come)."""
+
+    why: str
 
 
 @attrs.frozen
@@ -294,6 +310,15 @@ class _Loop:
         with contextlib.suppress(DLRoverError):  # (whatever the answer: this worker is done)
             self._master().live_reform(message)
 
+    def _tell_caught_up(self) -> None:
+        """This replacement received the live state: until the master knows, it counts the
+        worker as one that cannot give the state to anybody (if every holder dies first,
+        every worker restarts instead)."""
+        message = LiveReform(node_id=self._node_id, local_rank=self._local_rank, pid=os.getpid(), round=self._round,
+                             generation=self.generation, step=self.applied, reason="caught_up")
+        with contextlib.suppress(DLRoverError):  # (the next re-form tells it again: replica=True)
+            self._master().live_reform(message)
+
     def _start(self) -> None:
         if is_joiner():
             log.info("live_join_waiting", node_id=self._node_id, local_rank=self._local_rank)
@@ -301,6 +326,9 @@ class _Loop:
             self.applied = -1
             self._recover("join", "")
         else:
+            problem = _unsendable(_skeleton(self.state, []))
+            if problem is not None:  # found now, not when a replacement waits for the state
+                raise LiveRecoveryError(problem)
             answer = self._ask("ready")
             if answer.state != "ready":
                 log.info("live_recovery_off", reason=answer.reason)
@@ -337,6 +365,7 @@ class _Loop:
 
         t0 = time.monotonic()
         tries = 0
+        was_replica = self.replica
         self._enter("recover")
         while True:
             _abort_group()
@@ -369,6 +398,8 @@ class _Loop:
                       "reform_s": round(time.monotonic() - t0, 6), "t": time.time()})
         writer.mark()  # the next step's time leaves the re-form out
         self._in_flight = None
+        if not was_replica:  # a replacement holds the state now: the master may count on it
+            self._tell_caught_up()
         log.info("live_reformed", reason=reason, generation=self.generation, rank=self.rank,
                  world_size=self.world_size, step=self.next_step, caught_up=behind, tries=tries + 1,
                  wait_s=round(t1 - t0, 4), total_s=round(time.monotonic() - t0, 4))
@@ -510,7 +541,10 @@ def steps(total: int, state: dict[str, Any], *, start: int = 0) -> Iterator[Step
         around the body discards a step a peer's death interrupted and re-forms the world.
 
     Raises:
-        LiveRecoveryError: the job master is unreachable while the world re-forms.
+        LiveRecoveryError: the job master is unreachable while the world re-forms; or a
+            ``state`` entry's ``state_dict()`` holds a value that cannot be sent to a
+            replacement (checked when the loop starts, and again at each send; the message
+            names the entry and the value).
         SystemExit: (code 1) the world cannot go on live after a peer's death: every
             worker restarts from a checkpoint (or the job ended); the agent stops this
             process anyway. A replacement exits 0 when the others finished the last step
@@ -594,19 +628,69 @@ def _refs(obj: Any) -> Iterator[_TensorRef]:
             yield from _refs(v)
 
 
+def _skeleton(state: dict[str, Any], tensors: list[Any]) -> dict[str, Any]:
+    """Every ``state`` entry's ``state_dict()`` with its tensors moved to ``tensors``."""
+    return {k: _pack(v.state_dict(), tensors) for k, v in state.items() if hasattr(v, "state_dict")}
+
+
+def _unsendable(skeleton: dict[str, Any]) -> str | None:
+    """Why ``skeleton`` cannot be sent to a replacement (``None``: it can): names the first
+    value ``pickle`` refuses, by its path in the state (``state['probe']['step']``)."""
+    try:
+        pickle.dumps(skeleton)
+        return None
+    except Exception:  # noqa: BLE001 - found below, value by value
+        pass
+
+    def first(obj: Any, path: str) -> tuple[str, Any, BaseException] | None:
+        children = (obj.items() if isinstance(obj, dict)
+                    else enumerate(obj) if isinstance(obj, (list, tuple)) else ())
+        for key, value in children:
+            found = first(value, f"{path}[{key!r}]")
+            if found is not None:
+                return found
+        try:
+            pickle.dumps(obj)
+        except Exception as exc:  # noqa: BLE001 - any refusal is reported
+            return path, obj, exc
+        return None
+
+    for name, entry in skeleton.items():
+        found = first(entry, "")
+        if found is not None:
+            path, value, exc = found
+            return (f"state[{name!r}].state_dict(){path} is a {type(value).__module__}.{type(value).__qualname__}, "
+                    f"which cannot be sent to a replacement ({type(exc).__name__}: {exc}). Make "
+                    f"state[{name!r}].state_dict() return tensors, numbers, strings and lists or dicts of them, "
+                    "or turn live recovery off with Failure(live_recovery=False)")
+    return None
+
+
 def _broadcast_state(state: dict[str, Any], *, source: int, rank: int, receive: bool) -> None:
     """``source`` sends every ``state`` entry's ``state_dict()``: its structure (pickled,
     tensors left out) with ``broadcast_object_list``, then each tensor with ``broadcast``;
-    ranks with ``receive`` load it, the others (already at the newest step) drop it."""
+    ranks with ``receive`` load it, the others (already at the newest step) drop it.
+
+    Raises:
+        LiveRecoveryError: on every member, when a ``state_dict()`` holds a value that
+            cannot be pickled (the error names it); the source sends the refusal instead
+            of the state, so nobody waits for it.
+    """
     import torch  # heavy: torch
     import torch.distributed as dist  # heavy: torch
 
     tensors: list[Any] = []
-    skeleton = ({k: _pack(v.state_dict(), tensors) for k, v in state.items() if hasattr(v, "state_dict")}
-                if rank == source else None)
+    skeleton: Any = None
+    if rank == source:
+        skeleton = _skeleton(state, tensors)
+        problem = _unsendable(skeleton)
+        if problem is not None:
+            skeleton = _Refused(problem)
     box = [skeleton]
     dist.broadcast_object_list(box, src=source)
     skeleton = box[0]
+    if isinstance(skeleton, _Refused):
+        raise LiveRecoveryError(skeleton.why)
     if rank != source:
         device = None
         for ref in sorted(_refs(skeleton), key=lambda r: r.index):

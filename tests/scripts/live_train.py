@@ -6,7 +6,12 @@ checksum of the parameters after the update. At the end each rank writes
 ``--out/final_<pid>.json`` with the final checksum. Args: --steps N, --samples N (dataset
 size), --batch B (per rank at the start), --step-sleep S, --pace-file F (when F exists, its
 number replaces --step-sleep: a test speeds up the steps it no longer watches; only the
-sleep changes, never the steps, so ranks that read it at different steps stay in lockstep).
+sleep changes, never the steps, so ranks that read it at different steps stay in lockstep),
+--probe (the state has a plain object that keeps the step it is at, ``self.step = step``, as
+users write it: the repro live-grow-state), --ballast-mb N (the live state also holds N MiB
+that is sent to a replacement, never saved: the send takes long enough to be interrupted;
+each send writes ``--out/sending_<pid>``), --unsendable (the probe's state holds a
+function, which cannot be sent).
 """
 
 import argparse
@@ -14,6 +19,7 @@ import atexit
 import hashlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -37,6 +43,36 @@ def pace(path: str | None, default_s: float) -> float:
         return default_s
 
 
+class Probe:
+    """Which step the state is at, kept as the loop gives it (a ``train.Step``)."""
+
+    def __init__(self, hook=None) -> None:
+        self.step = -1
+        self.hook = hook
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, **({"hook": self.hook} if self.hook else {})}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.step = sd["step"]
+
+
+class Ballast(torch.nn.Module):
+    """``mb`` MiB of buffers in the live state; marks each send to a replacement."""
+
+    def __init__(self, mb: int, out: Path) -> None:
+        super().__init__()
+        self.out = out
+        for i in range(max(1, mb // 4)):
+            self.register_buffer(f"b{i}", torch.full((2**20,), float(i)))
+
+    def state_dict(self, *args, **kw):
+        frame = sys._getframe(1)
+        if not args and "prefix" not in kw and f"train{os.sep}live" in frame.f_code.co_filename:
+            (self.out / f"sending_{os.getpid()}").write_text(str(time.time()))
+        return super().state_dict(*args, **kw)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=60)
@@ -47,6 +83,9 @@ def main() -> int:
     p.add_argument("--abort-at-exit-once", default=None,
                    help="rank 0 aborts (SIGABRT) while exiting after its last step, unless this file exists "
                         "(it makes it): a native crash in interpreter teardown")
+    p.add_argument("--probe", action="store_true")
+    p.add_argument("--unsendable", action="store_true", help="the probe's state holds a function")
+    p.add_argument("--ballast-mb", type=int, default=0)
     p.add_argument("--out", required=True)
     a = p.parse_args()
     out = Path(a.out)
@@ -58,9 +97,13 @@ def main() -> int:
     data = torch.randn(a.samples, 8, generator=torch.Generator().manual_seed(3))
     ckpt = train.Checkpointer()
     state = {"model": model, "optimizer": opt, "sampler": sampler}
+    probe = Probe(hook=(lambda: None) if a.unsendable else None)
+    if a.probe or a.unsendable:
+        state["probe"] = probe
     restored = ckpt.load(state)
+    live_state = {"ballast": Ballast(a.ballast_mb, out), **state} if a.ballast_mb else state
     log = open(out / f"steps_{os.getpid()}.jsonl", "a", buffering=1)
-    for step in train.steps(a.steps, state, start=restored.step + 1 if restored else 0):
+    for step in train.steps(a.steps, live_state, start=restored.step + 1 if restored else 0):
         with step:
             ids = sampler.next_batch()
             if ids is None:
@@ -72,12 +115,14 @@ def main() -> int:
             loss.backward()
             time.sleep(pace(a.pace_file, a.step_sleep))
             opt.step()
+            probe.step = step
             log.write(json.dumps({"pid": os.getpid(), "rank": step.rank, "world_size": step.world_size,
                                   "step": int(step), "epoch": sampler.epoch, "consumed": sampler.consumed,
                                   "ids": ids, "params": checksum(model), "t": time.time()}) + "\n")
             train.report(step, loss=loss.item())
             ckpt.save(step, state, force=step == a.steps - 1)
-    (out / f"final_{os.getpid()}.json").write_text(json.dumps({"params": checksum(model), "rank": info.rank}))
+    (out / f"final_{os.getpid()}.json").write_text(json.dumps({"params": checksum(model), "rank": info.rank,
+                                                              "probe": int(probe.step)}))
     if a.abort_at_exit_once and info.rank == 0 and not os.path.exists(a.abort_at_exit_once):
         Path(a.abort_at_exit_once).touch()
         atexit.register(os.abort)

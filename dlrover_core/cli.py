@@ -29,6 +29,7 @@ from dlrover_core.job import Job
 from dlrover_core.logging import json_mode, write_record
 from dlrover_core.plugins import get_host
 from dlrover_core.protocol.result import NO_STEPS_NOTE, format_exit_codes
+from dlrover_core.protocol.state import JobState
 from dlrover_core.runner import check_checkpoint_storage, find_job, log_record, progress_fields, progress_line
 from dlrover_core.signals import DEFAULT_STOP_SIGNALS, SIGNALS_ENV, parse_signals
 from dlrover_core.spec import Checkpoint, Failure, Nodes, auto_heartbeat
@@ -524,6 +525,12 @@ def status(job_id: str, log_dir: str, as_json: bool) -> None:
     console.print(f"  {progress_line(st)}{round_text}", markup=False, soft_wrap=True)
     if st.metrics:
         console.print("  metrics: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(st.metrics.items())), markup=False)
+    root = st.root_cause or (result.root_cause if result is not None else None)
+    if root is not None:
+        console.print("  root cause of the " + ("failure" if st.state == JobState.FAILED else "newest failure")
+                      + " (first observed failure):", markup=False)
+        for line in root.root_cause_lines(traceback_lines=15):
+            console.print(f"    {line}", markup=False, soft_wrap=True)
     if not reported:
         if result is not None and result.worker_exit_codes:
             console.print(f"  worker exit codes: {format_exit_codes(result.worker_exit_codes)}", markup=False)

@@ -337,7 +337,8 @@ def read_result(log_dir: str | Path) -> JobResult | None:
 def status_of_result(result: JobResult) -> JobStatus:
     """The status of a finished job, from its result."""
     return JobStatus(state=result.state, step=result.final_step, metrics=dict(result.metrics),
-                     restarts=result.restarts, message=result.reason)
+                     restarts=result.restarts, message=result.reason,
+                     root_cause=result.root_cause if result.failures else None)
 
 
 class SchedulerBackend(abc.ABC):

@@ -116,7 +116,7 @@ def test_exhausted_budget_names_every_node_and_its_count(workdir):
         fail(m, node, rnd, sigkill(node))
     assert m.state == JobState.FAILED
     assert m.reason.startswith("restart budget exhausted (failure.max_restarts=2) by 3 failures: node 0 (2), "
-                               "node 1 (1); last failure: rank 0 on node 0, SIGKILL"), m.reason
+                               "node 1 (1); root cause: rank 0 on node 0, SIGKILL"), m.reason
 
 
 # ----- slow: real jobs ---------------------------------------------------------------------------

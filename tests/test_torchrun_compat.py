@@ -127,12 +127,11 @@ DIFFERENCES = (
                "dlrover's agent reads each worker's stdout and stderr as one stream (in order, into "
                "rank_<r>.log) and shows it on its stdout with a '[rank N] ' prefix; torchrun's workers write to "
                "its stderr"),
-    Difference("env:TORCHELASTIC_ERROR_FILE", r".+/error\.json", UNSET,
-               "GAP, reported: torchrun gives each worker a file for torch's @record to write its exception to, "
-               "and reads it back for its failure summary; dlrover sets none (its agent takes a worker's "
-               "exception from its progress file and log). Setting it needs the agent to read it too "
-               "(dlrover_core/agent/agent.py), not just worker_env",
-               deliberate=False),
+    Difference("env:TORCHELASTIC_ERROR_FILE", r".+/error\.json", r".+/node_\d+/round_\d+/error_rank\d+\.json",
+               "both give each worker (and each of its incarnations) a file for torch's @record, and read it back "
+               "for the failure's root cause; torchrun's is <tmp>/.../attempt_N/<local rank>/error.json, "
+               "dlrover's lies in the run directory beside the worker's log (node_<id>/round_<R>/error_rank<r>.json; "
+               "a live replacement's: error_rank<r>_r<k>.json)"),
     Difference("env:TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", UNSET,
                "GAP, reported: torchrun sets it to 1 (unless set) in every worker; dlrover leaves torch's own "
                "default. It changes how NCCL failures end a GPU worker, which the live recovery "

@@ -45,10 +45,12 @@ import time
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar
 
+import attrs
+
 from dlrover_core import env as env_names
 from dlrover_core.agent.hang import PEER_DUMP_GRACE_S, HangWatcher
 from dlrover_core.agent.launch import worker_argv, worker_env
-from dlrover_core.agent.progress import ProgressTail, exception_from_output
+from dlrover_core.agent.progress import ProgressTail, exception_from_error_file, exception_from_output
 from dlrover_core.agent.workers import Standby, WorkerProcess, kill_trees
 from dlrover_core.checkpoint.saver import CheckpointSaver
 from dlrover_core.checkpoint.shm import node_prefix, remove_segments
@@ -94,6 +96,13 @@ _HANG_CONFIRM_S = 2.0
 #: After a worker raised before its first step, how long its node's other workers get to
 #: raise the same (seconds).
 _SIBLING_ERROR_WAIT_S = 3.0
+
+
+def _fresh(path: Path) -> Path:
+    """``path``, with what an earlier incarnation left there removed (a worker's error file
+    must be its own)."""
+    path.unlink(missing_ok=True)
+    return path
 
 
 def _is_stopped(pid: int) -> bool:
@@ -451,10 +460,11 @@ class ElasticAgent:
         for local_rank in range(world.nproc):
             rank = world.rank_offset + local_rank
             progress = round_dir / f"progress_rank{rank}.jsonl"
+            error_file = _fresh(round_dir / f"error_rank{rank}.json")
             env = {**os.environ, **worker_env(
                 self.job, job_id=self.job_id, node_id=self.node_id, world=world, local_rank=local_rank,
                 master_addr=self.client.addr, accelerator=self.accelerator, progress_file=str(progress),
-                log_dir=str(self.log_dir), agent_pid=os.getpid(), agent_token=self.token,
+                log_dir=str(self.log_dir), agent_pid=os.getpid(), agent_token=self.token, error_file=str(error_file),
             ), "DLROVER_STACK_FILE": str(self.hangs.stack_file(world.round, rank))}
             if world.live_join:  # the round runs on without this node: its workers join it live
                 env[env_names.LIVE_JOIN] = "1"
@@ -462,7 +472,7 @@ class ElasticAgent:
             worker = WorkerProcess(rank=rank, local_rank=local_rank, argv=argv, env=env, cwd=self.job.workdir,
                                    log_file=self.node_dir / f"rank_{rank}.log", echo=self.echo, standby=standby)
             self.workers.append(worker)
-            self._tails[rank] = ProgressTail(progress, started=time.monotonic())
+            self._tails[rank] = ProgressTail(progress, started=time.monotonic(), error_file=error_file)
         if self.saver is not None:
             self._saver_ranks = {w.rank for w in self.workers}
             self.saver.set_ranks(sorted(self._saver_ranks))
@@ -653,16 +663,31 @@ class ElasticAgent:
         return Action.STOP
 
     def _read_exceptions(self, failed: list[tuple[WorkerProcess, int]]) -> None:
-        """Each failed worker's uncaught exception: its own record, else the traceback at the
-        end of its output (a script that failed before importing ``dlrover_core.train``)."""
+        """Each failed worker's uncaught exception: its own record, else what torch's
+        ``@record`` wrote into its ``TORCHELASTIC_ERROR_FILE``, else the traceback at the end
+        of its output (a script that failed before importing ``dlrover_core.train``)."""
         with self._state_lock:
             for w, code in failed:
                 tail = self._tails[w.rank]
                 tail.read()  # an uncaught exception's record, if the worker wrote one
+                recorded = (exception_from_error_file(tail.error_file, step=tail.last_step)
+                            if tail.error_file is not None else None)
+                if tail.exception is None:
+                    tail.exception = recorded
+                elif recorded is not None and tail.exception.unix_time_s is None:
+                    tail.exception = attrs.evolve(tail.exception, unix_time_s=recorded.unix_time_s)
                 if tail.exception is None and code > 0:
                     tail.exception = exception_from_output(w.log_file, step=tail.last_step)
 
+    def _exited(self, w: WorkerProcess, code: int | None, seen_at: float | None = None) -> WorkerFailure:
+        """The failure report of a worker that exited (or recorded an exception)."""
+        tail = self._tails[w.rank]
+        error_file = tail.error_file if tail.error_file is not None and tail.error_file.exists() else None
+        return WorkerFailure.exited(rank=w.rank, local_rank=w.local_rank, exit_code=code, exception=tail.exception,
+                                    seen_at=seen_at, error_file=str(error_file or ""))
+
     def _on_failure(self, round_index: int, failed: list[tuple[WorkerProcess, int]]) -> Action:
+        seen_at = time.time()  # a failure without an exception's own time failed by now (torchrun's timestamp)
         for w, code in failed:
             log.warning("worker_exited", node_id=self.node_id, rank=w.rank, local_rank=w.local_rank, exit_code=code)
         for w, _ in failed:
@@ -680,8 +705,7 @@ class ElasticAgent:
             for w, _ in failed:
                 w.join_output()
             self._read_exceptions(failed)
-        failures = [WorkerFailure.exited(rank=w.rank, local_rank=w.local_rank, exit_code=code,
-                                         exception=self._tails[w.rank].exception) for w, code in failed]
+        failures = [self._exited(w, code, seen_at) for w, code in failed]
         # a worker of this node loops in the live world: the master may answer ``replace``
         if self.job.failure.live_recovery and not early and any(t.live for t in self._tails.values()):
             return self._report_live(round_index, [w for w, _ in failed], failures)
@@ -717,10 +741,11 @@ class ElasticAgent:
             self._replacements += 1
             rank, local_rank = old.rank, old.local_rank
             progress = round_dir / f"progress_rank{rank}_r{self._replacements}.jsonl"
+            error_file = _fresh(round_dir / f"error_rank{rank}_r{self._replacements}.json")
             env = {**os.environ, **worker_env(
                 self.job, job_id=self.job_id, node_id=self.node_id, world=world, local_rank=local_rank,
                 master_addr=self.client.addr, accelerator=self.accelerator, progress_file=str(progress),
-                log_dir=str(self.log_dir), agent_pid=os.getpid(), agent_token=self.token,
+                log_dir=str(self.log_dir), agent_pid=os.getpid(), agent_token=self.token, error_file=str(error_file),
             ), "DLROVER_STACK_FILE": str(self.hangs.stack_file(world.round, rank)), env_names.LIVE_JOIN: "1"}
             worker = WorkerProcess(rank=rank, local_rank=local_rank, argv=argv, env=env, cwd=self.job.workdir,
                                    log_file=self.node_dir / f"rank_{rank}.log", echo=self.echo,
@@ -730,7 +755,7 @@ class ElasticAgent:
                 # a replacement: its node's step times still tell the hang timeout, and once it
                 # asks to join (live_ready) it is past its start-up (see HangWatcher.hung)
                 self._tails[rank] = ProgressTail(progress, started=time.monotonic(), joiner=True,
-                                                 step_times=self._tails[rank].step_times)
+                                                 step_times=self._tails[rank].step_times, error_file=error_file)
             log.info("worker_replaced", node_id=self.node_id, round=round_index, rank=rank, local_rank=local_rank,
                      old_pid=old.pid, pid=worker.pid, warm=worker.warm)
 
@@ -742,9 +767,13 @@ class ElasticAgent:
             for tail in self._tails.values():
                 tail.read()
         for rank, tail in self._tails.items():
-            if tail.exception is not None:
+            recorded = (exception_from_error_file(tail.error_file, step=tail.last_step)
+                        if tail.exception is None and tail.error_file is not None else None)
+            exception = tail.exception or recorded
+            if exception is not None:
+                error_file = str(tail.error_file) if tail.error_file is not None and tail.error_file.exists() else ""
                 failures.append(WorkerFailure.exited(rank=rank, local_rank=rank - min(self._tails), exit_code=None,
-                                                     exception=tail.exception))
+                                                     exception=exception, error_file=error_file))
         if failures:
             self._heed(self.client.failure(FailureReport(node_id=self.node_id, round=round_index,
                                                          failures=tuple(failures), token=self._token)))

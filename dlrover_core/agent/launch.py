@@ -47,10 +47,13 @@ def worker_env(
     log_dir: str,
     agent_pid: int,
     agent_token: int = 0,
+    error_file: str = "",
 ) -> dict[str, str]:
     """The variables set for one worker on top of the agent's environment.
 
     ``world`` is the master's answer to a rendezvous poll: the round the node's workers start in.
+    ``error_file``: the worker's ``TORCHELASTIC_ERROR_FILE`` (one per worker and incarnation,
+    as torchrun gives it), where torch's ``@record`` writes the exception the worker dies of.
     """
     nproc = world.nproc
     rank = world.rank_offset + local_rank
@@ -72,6 +75,7 @@ def worker_env(
         "TORCHELASTIC_RUN_ID": job_id,
         # the store is served by the master, fresh for every round: clients only
         "TORCHELASTIC_USE_AGENT_STORE": "True",
+        **({"TORCHELASTIC_ERROR_FILE": error_file} if error_file else {}),
         "PYTHONUNBUFFERED": "1",
         # dlrover's own
         env.JOB_ID: job_id,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -12,7 +13,7 @@ from dlrover_core.errors import ProtocolError
 from dlrover_core.protocol.codec import decode
 from dlrover_core.protocol.messages import WorkerException
 
-__all__ = ["ProgressTail", "exception_from_output"]
+__all__ = ["ProgressTail", "exception_from_error_file", "exception_from_output"]
 
 #: How much of the end of a worker's output is searched for its traceback (bytes).
 _OUTPUT_TAIL_BYTES = 64 * 1024
@@ -48,14 +49,51 @@ def exception_from_output(log_file: Path, *, step: int) -> WorkerException | Non
     return None
 
 
+def exception_from_error_file(error_file: Path, *, step: int) -> WorkerException | None:
+    """The exception a worker wrote into its ``TORCHELASTIC_ERROR_FILE`` with torch's
+    ``@record`` (``torch.distributed.elastic.multiprocessing.errors``): ``{"message":
+    {"message": "ValueError: boom", "extraInfo": {"py_callstack": <traceback>, "timestamp":
+    "<unix seconds>"}}}``, or the older form with a string message and a top-level
+    ``timestamp`` (torch's ``ProcessFailure._get_error_data`` reads both). Its time is the
+    file's modification time where that falls in the timestamp's second (finer: two ranks
+    that failed in the same second are told apart). ``None`` when the file is missing or
+    unreadable. ``step``: the last step the worker reported."""
+    try:
+        data = json.loads(error_file.read_text())
+        message = data["message"]
+        if isinstance(message, dict):
+            text, extra = str(message.get("message", "")), message.get("extraInfo") or {}
+            traceback, stamp = str(extra.get("py_callstack", "")), extra.get("timestamp")
+        else:
+            text, traceback, stamp = str(message), "", data.get("timestamp")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    exc_type, _, msg = text.partition(": ")
+    if not exc_type or " " in exc_type:  # not "Type: message"
+        exc_type, msg = "Exception", text
+    try:
+        when = float(stamp) if stamp is not None else None
+    except (TypeError, ValueError):
+        when = None
+    with contextlib.suppress(OSError):  # the file was written as the exception passed: finer than whole seconds
+        written = error_file.stat().st_mtime
+        if when is None or int(written) == int(when):
+            when = written
+    return WorkerException(exc_type=exc_type, message=msg[:1000], step=step, before_first_step=step < 0,
+                           traceback=traceback[-4000:], unix_time_s=when)
+
+
 class ProgressTail:
     """Yields complete new records of one progress file on each :meth:`read`, and keeps
     what hang detection and failure reports need: the newest step, when progress was last
     seen (monotonic seconds), recent step times, and an uncaught exception if one was
     recorded."""
 
-    def __init__(self, path: Path, started: float, *, joiner: bool = False, step_times: tuple[float, ...] | list[float] = ()) -> None:
+    def __init__(self, path: Path, started: float, *, joiner: bool = False,
+                 step_times: tuple[float, ...] | list[float] = (), error_file: Path | None = None) -> None:
         self.path = path
+        #: the worker's ``TORCHELASTIC_ERROR_FILE`` (torch's ``@record`` writes its exception there)
+        self.error_file = error_file
         #: a replacement that joins the live world (its wait to join counts as progress time)
         self.joiner = joiner
         self._offset = 0

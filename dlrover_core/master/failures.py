@@ -2,7 +2,8 @@
 
 * :func:`describe` names a failure in words (``SIGKILL``, ``exit code 3``, ``ValueError: ...
   at step 17``, ``hang: ...``, ``node lost``); :func:`failure_record` turns a reported
-  failure into the :class:`~dlrover_core.protocol.FailureRecord` of the job's result.
+  failure into the :class:`~dlrover_core.protocol.FailureRecord` of the job's result;
+  :func:`mark_root_causes` finds each incident's first failure (torchrun's root cause).
 * :class:`DeterministicErrorDetector`: the same Python exception (type, message, step) on
   every rank of a round, in two failing rounds in a row, is a bug in the program, not bad
   luck — restarting again would only burn the budget. The same exception on every rank
@@ -12,11 +13,15 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import Sequence
+
+import attrs
 
 from dlrover_core.protocol.messages import WorkerException, WorkerFailure
 from dlrover_core.protocol.result import FailureRecord
 
-__all__ = ["DeterministicErrorDetector", "before_first_step", "describe", "failure_record", "signal_name"]
+__all__ = ["DeterministicErrorDetector", "before_first_step", "describe", "failure_record", "mark_root_causes",
+           "signal_name"]
 
 
 def signal_name(exit_code: int | None) -> str | None:
@@ -49,15 +54,38 @@ def describe(failure: WorkerFailure) -> str:
 
 
 def failure_record(failure: WorkerFailure, *, time_s: float, round_index: int, node_id: int, step: int,
-                   last_committed_step: int | None, action: str) -> FailureRecord:
+                   last_committed_step: int | None, action: str, reported_at: float) -> FailureRecord:
     """The job result's record of a reported failure: its signal, kind and description
-    derived here, the job's progress and the master's decision given."""
+    derived here, the job's progress and the master's decision given. ``reported_at``: the
+    report's time (unix seconds), for a failure that does not say when it happened."""
     sig = signal_name(failure.exit_code)
+    exc = failure.exception
     return FailureRecord(
         time_s=time_s, round=round_index, node_id=node_id, rank=failure.rank, local_rank=failure.local_rank,
         exit_code=failure.exit_code, signal=sig, step=step, last_committed_step=last_committed_step,
         action=action, kind=failure.kind or ("signal" if sig else "exit"), detail=describe(failure),
+        unix_time_s=failure.unix_time_s if failure.unix_time_s is not None else reported_at,
+        traceback=exc.traceback if exc is not None else "", error_file=failure.error_file,
     )
+
+
+def mark_root_causes(records: Sequence[FailureRecord]) -> list[FailureRecord]:
+    """``records`` with ``root_cause`` set on the first failure of each incident (torchrun's
+    "first observed failure", ``torch.distributed.elastic.multiprocessing.errors.ChildFailedError.get_first_failure``:
+    the earliest by the time it happened, not by the order the reports came in). An incident:
+    a round's failures that were not recovered live — the one that restarted every worker
+    (or ended the job) and those that followed from it (peers whose collectives failed
+    because it died) — or a single failure recovered live (its peers went on)."""
+    marked = [attrs.evolve(r, root_cause=r.recovery == "live") for r in records]
+    rounds: dict[int, list[int]] = {}
+    for i, r in enumerate(marked):
+        if r.recovery != "live":
+            rounds.setdefault(r.round, []).append(i)
+    for indices in rounds.values():
+        first = min(indices, key=lambda i: (marked[i].unix_time_s if marked[i].unix_time_s is not None
+                                            else float("inf"), i))
+        marked[first] = attrs.evolve(marked[first], root_cause=True)
+    return marked
 
 
 def _signature(exception: WorkerException) -> tuple[str, str, int]:

@@ -77,7 +77,13 @@ import attrs
 
 from dlrover_core.logging import get_logger
 from dlrover_core.master.checkpoints import CheckpointCoordinator
-from dlrover_core.master.failures import DeterministicErrorDetector, before_first_step, describe, failure_record
+from dlrover_core.master.failures import (
+    DeterministicErrorDetector,
+    before_first_step,
+    describe,
+    failure_record,
+    mark_root_causes,
+)
 from dlrover_core.master.goodput import GoodputTracker, StepRate
 from dlrover_core.master.journal import Journal
 from dlrover_core.master.live import LiveWorld
@@ -657,27 +663,29 @@ class JobMaster:
                                   f"restart {self.restarts}/{self.job.failure.max_restarts})"
                                   + (f"; not live: {self._not_live_why}" if self._not_live_why else ""))
                 else:
-                    last = failures[-1]
                     reason = (f"restart budget exhausted (failure.max_restarts={self.job.failure.max_restarts}) "
                               f"by {self.nodes.blame()}; "
-                              f"last failure: rank {last.rank} on node {node_id}, {describe(last)}"
-                              + (f" (exit code {last.exit_code})" if last.exit_code is not None else ""))
+                              f"root cause: {self._first_of_round(round_index, node_id, failures)}")
                     action = "stopped the job: restart budget exhausted"
                     self._finish(JobState.FAILED, reason)
             counted = not consequence and not held and verdict is None
+            reported_at = time.time()
             for f in failures:
                 rec = failure_record(f, time_s=self._now(), round_index=round_index, node_id=node_id,
                                      step=self.goodput.last_step, last_committed_step=self.goodput.last_committed_step,
-                                     action=action)
+                                     action=action, reported_at=reported_at)
                 if counted and not self.state.is_terminal:
                     rec = attrs.evolve(rec, recovery="live" if replaced else (
                         "restart_all" if round_index < self.required_round or self._held is not None else ""))
-                if not ended:  # the result lists the job's failures, not what its end caused
+                # the result lists the job's failures, not what its end caused (a cancel); after
+                # a failure that ended the job, its peers' reports may hold the root cause
+                if not ended or self.state == JobState.FAILED:
                     self.failures.append((rec, counted))
                 log.warning("worker_failed", node_id=node_id, rank=rec.rank, kind=rec.kind, detail=rec.detail,
                             step=rec.step, action=action)
                 self._event("worker_failed", **{("failure_kind" if k == "kind" else k): v
                                                 for k, v in encode(rec).items()})
+            self._mark_root_causes()
             if counted and not self.state.is_terminal and round_index < self.required_round:
                 self._event("workers_restarted", round=self.required_round, restarts=self.restarts)
             if verdict is not None and not self.state.is_terminal:
@@ -696,6 +704,22 @@ class JobMaster:
             if replaced and not self.state.is_terminal:
                 return ActionAnswer(action=Action.REPLACE)
             return ActionAnswer(action=self._action(round_index, node))
+
+    def _mark_root_causes(self) -> None:
+        marked = mark_root_causes([f for f, _ in self.failures])
+        self.failures = [(m, counted) for m, (_, counted) in zip(marked, self.failures, strict=True)]
+
+    def _first_of_round(self, round_index: int, node_id: int, failures: Sequence[WorkerFailure]) -> str:
+        """The first failure of ``round_index`` known now (by when it happened, as
+        :func:`mark_root_causes` orders them): ``failures``, just reported by ``node_id``, or
+        one reported before, in words."""
+        now = time.time()
+        seen = [(f.unix_time_s if f.unix_time_s is not None else now, f.rank, node_id, describe(f), f.exit_code)
+                for f in failures]
+        seen += [(r.unix_time_s if r.unix_time_s is not None else now, r.rank, r.node_id, r.detail, r.exit_code)
+                 for r, _ in self.failures if r.round == round_index and r.recovery != "live"]
+        _, rank, node, text, code = min(seen, key=lambda t: t[0])
+        return f"rank {rank} on node {node}, {text}" + (f" (exit code {code})" if code is not None else "")
 
     def _order_restart(self, round_index: int) -> None:
         """Every worker restarts into the round after ``round_index`` (the restart is counted
@@ -1279,6 +1303,7 @@ class JobMaster:
                 total_steps=self.rate.total_steps, step_time_s=_rounded(self.rate.step_time_s),
                 eta_s=_rounded(self.rate.eta_s), samples_per_s=_rounded(self.rate.samples_per_s),
                 tokens_per_s=_rounded(self.rate.tokens_per_s),
+                root_cause=next((f for f, _ in reversed(self.failures) if f.root_cause), None),
             )
 
     def _warning(self) -> str:

@@ -380,6 +380,9 @@ class WorkerException:
         before_first_step: the worker had not reported a step yet (``None`` from workers
             that did not say; then ``step`` < 0 counts as before).
         traceback: the end of the formatted traceback.
+        unix_time_s: when it was raised (seconds since the epoch): the worker's own record,
+            or the timestamp torch's ``@record`` wrote into its error file (whole seconds);
+            ``None``: unknown.
     """
 
     exc_type: str
@@ -387,6 +390,7 @@ class WorkerException:
     step: int = -1
     before_first_step: bool | None = None
     traceback: str = ""
+    unix_time_s: float | None = None
 
     def raised_before_first_step(self) -> bool:
         """Whether it was raised before the worker's first step (at import or start-up)."""
@@ -413,6 +417,12 @@ class WorkerFailure:
         replaceable: the failed worker alone can be replaced while the others go on (its
             process is gone, or it is the stopped process the others wait on); ``False``
             for a hang whose cause its agent cannot tell (every worker waits on someone).
+        unix_time_s: when it failed (seconds since the epoch): its exception's time, else
+            when its agent saw it exit (torchrun's ``ProcessFailure.timestamp``); ``None``:
+            unknown (the master then takes the time of the report). The first failure of a
+            round by this time is its root cause.
+        error_file: the worker's ``TORCHELASTIC_ERROR_FILE``, when it wrote one (torch's
+            ``@record``); ``""``: none.
     """
 
     rank: int | None = None
@@ -423,14 +433,21 @@ class WorkerFailure:
     exception: WorkerException | None = None
     silent_s: float = 0.0
     replaceable: bool = True
+    unix_time_s: float | None = None
+    error_file: str = ""
 
     @classmethod
     def exited(cls, *, rank: int | None, local_rank: int | None, exit_code: int | None,
-               exception: WorkerException | None = None) -> WorkerFailure:
-        """A worker that exited (or died of a signal), with the exception it recorded, if any."""
+               exception: WorkerException | None = None, seen_at: float | None = None,
+               error_file: str = "") -> WorkerFailure:
+        """A worker that exited (or died of a signal), with the exception it recorded, if any.
+        ``seen_at``: when its agent saw it exit (unix seconds), for a failure whose exception
+        does not say when it was raised."""
         kind = "exception" if exception is not None else (
             "signal" if exit_code is not None and exit_code < 0 else "exit")
-        return cls(rank=rank, local_rank=local_rank, exit_code=exit_code, kind=kind, exception=exception)
+        when = exception.unix_time_s if exception is not None and exception.unix_time_s is not None else seen_at
+        return cls(rank=rank, local_rank=local_rank, exit_code=exit_code, kind=kind, exception=exception,
+                   unix_time_s=when, error_file=error_file)
 
 
 @attrs.frozen(kw_only=True)

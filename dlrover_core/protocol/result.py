@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import signal
+import time
 from typing import Any
 
 import attrs
 import cattrs
 
-from dlrover_core.protocol.status import JobState
+from dlrover_core.protocol.state import JobState
 
 __all__ = ["NO_STEPS_NOTE", "FailureRecord", "JobResult", "JobState", "format_exit_codes"]
 
@@ -36,6 +37,12 @@ class FailureRecord:
             replaced and rejoined with their live state), ``"restart_all"`` (every worker
             restarted from a checkpoint; ``action`` says why not live), or ``""`` (no action:
             a consequence of an earlier failure, or the job stopped).
+        unix_time_s: when it failed (seconds since the epoch; see ``WorkerFailure.unix_time_s``).
+        root_cause: the first failure of its incident (torchrun's "first observed failure"):
+            of a round's failures that restarted every worker (or ended the job) and those
+            that followed from it, the earliest; a failure recovered live is its own.
+        traceback: the end of the exception's traceback (``""``: no exception was recorded).
+        error_file: the worker's ``TORCHELASTIC_ERROR_FILE`` when it wrote one (``""``: none).
     """
 
     time_s: float
@@ -53,6 +60,35 @@ class FailureRecord:
     kind: str = "exit"
     detail: str = ""
     recovery: str = ""
+    unix_time_s: float | None = None
+    root_cause: bool = False
+    traceback: str = ""
+    error_file: str = ""
+
+    def who(self) -> str:
+        """``rank 1 (node 0, local rank 1)``, or ``node 3`` for a node-level failure."""
+        if self.rank is None:
+            return f"node {self.node_id}"
+        local = f", local rank {self.local_rank}" if self.local_rank is not None else ""
+        return f"rank {self.rank} (node {self.node_id}{local})"
+
+    def root_cause_lines(self, *, traceback_lines: int = 40) -> list[str]:
+        """The failure as torchrun prints its root cause: time, rank, exit code, error
+        file and the end of the traceback, one field a line."""
+        when = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.unix_time_s))
+                if self.unix_time_s is not None else "unknown")
+        lines = [f"time      : {when} ({self.time_s:.1f} s into the job)",
+                 "rank      : " + (f"{self.rank} (node {self.node_id}, local_rank {self.local_rank})"
+                                       if self.rank is not None else f"none: node {self.node_id}"),
+                 f"exitcode  : {self.exit_code if self.exit_code is not None else 'none (still running)'}"
+                 + (f" ({self.signal})" if self.signal else ""),
+                 f"error     : {self.detail}",
+                 f"error_file: {self.error_file or '<N/A>'}",
+                 f"action    : {self.action}"]
+        if self.traceback:
+            tb = self.traceback.rstrip().splitlines()[-traceback_lines:]
+            lines += ["traceback :", *(f"  {line}" for line in tb)]
+        return lines
 
 
 @attrs.frozen(kw_only=True)
@@ -115,6 +151,12 @@ class JobResult:
     total_steps: int | None = None
 
     @property
+    def root_cause(self) -> FailureRecord | None:
+        """The root cause of the newest failing incident (see ``FailureRecord.root_cause``);
+        ``None`` without failures."""
+        return next((f for f in reversed(self.failures) if f.root_cause), self.failures[-1] if self.failures else None)
+
+    @property
     def steps_reported(self) -> bool:
         """Whether rank 0 reported any step (``train.report``): else step and goodput are unknown."""
         return self.final_step >= 0
@@ -160,7 +202,12 @@ class JobResult:
             if f.restored_from:
                 restored = f"; resumed from step {f.restored_step} ({f.restored_from})"
             when = f"step {f.step}" if f.step >= 0 else "before any reported step"
-            lines.append(f"  failure at {f.time_s:.1f} s, {when}: {who} {how} → {f.action}{restored}")
+            cause = " [root cause]" if f.root_cause and len(self.failures) > 1 else ""
+            lines.append(f"  failure at {f.time_s:.1f} s, {when}: {who} {how} → {f.action}{restored}{cause}")
+        root = self.root_cause
+        if self.state == JobState.FAILED and root is not None:
+            lines.append("  root cause (first observed failure):")
+            lines += [f"    {line}" for line in root.root_cause_lines()]
         if self.metrics:
             lines.append("  metrics: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(self.metrics.items())))
         lines.append(f"  logs: {self.log_dir}")

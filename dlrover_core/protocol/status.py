@@ -6,30 +6,15 @@ is the one mapping to the runner's :class:`JobStatus` every scheduler backend us
 
 from __future__ import annotations
 
-import enum
 from typing import Any
 
 import attrs
 
 from dlrover_core.protocol.codec import decode
+from dlrover_core.protocol.result import FailureRecord
+from dlrover_core.protocol.state import JobState
 
 __all__ = ["JobState", "JobStatus", "MasterStatus", "NodeRow"]
-
-
-class JobState(str, enum.Enum):
-    """Lifecycle of a job as the runner sees it."""
-
-    PENDING = "PENDING"
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    CANCELLED = "CANCELLED"
-    UNKNOWN = "UNKNOWN"
-
-    @property
-    def is_terminal(self) -> bool:
-        return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
-
 
 
 @attrs.frozen(kw_only=True)
@@ -60,6 +45,8 @@ class JobStatus:
         tokens_per_s: the same for ``tokens``.
         elapsed_s: seconds since the job master started (``None``: unknown, e.g. a finished
             job's status read from its result).
+        root_cause: the first failure of the newest failing incident (torchrun's root cause:
+            see ``FailureRecord.root_cause``), with its traceback; ``None``: no failure yet.
     """
 
     state: JobState
@@ -78,6 +65,7 @@ class JobStatus:
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
     elapsed_s: float | None = None
+    root_cause: FailureRecord | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -128,6 +116,7 @@ class MasterStatus:
         goodput: the goodput timeline so far (see :class:`JobStatus`).
         total_steps, step_time_s, eta_s, samples_per_s, tokens_per_s: rank 0's progress rate
             (see :class:`JobStatus`; ``None`` when unknown, and from a master that predates them).
+        root_cause: see :class:`JobStatus`.
     """
 
     job_id: str = ""
@@ -147,6 +136,7 @@ class MasterStatus:
     eta_s: float | None = None
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
+    root_cause: FailureRecord | None = None
 
     def to_job_status(self, worker_pids: dict[int, int] | None = None) -> JobStatus:
         """The runner's view. ``worker_pids`` replaces the pids the agents reported (a
@@ -158,6 +148,7 @@ class MasterStatus:
             worker_pids=pids if worker_pids is None else worker_pids, goodput=dict(self.goodput),
             total_steps=self.total_steps, step_time_s=self.step_time_s, eta_s=self.eta_s,
             samples_per_s=self.samples_per_s, tokens_per_s=self.tokens_per_s, elapsed_s=self.elapsed_s,
+            root_cause=self.root_cause,
         )
 
     @classmethod

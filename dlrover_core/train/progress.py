@@ -200,7 +200,7 @@ def install_excepthook() -> None:
                 exc_type=exc_type.__qualname__ if exc_type.__module__ == "builtins"
                 else f"{exc_type.__module__}.{exc_type.__qualname__}",
                 message=str(exc)[:1000], step=writer.last_step, before_first_step=writer.steps_reported == 0,
-                traceback="".join(traceback.format_exception(exc_type, exc, tb)[-40:]))
+                traceback="".join(traceback.format_exception(exc_type, exc, tb)[-40:]), unix_time_s=time.time())
             writer.write({"type": "exception", **encode(record), "t": time.time()})
         finally:
             previous(exc_type, exc, tb)

@@ -91,7 +91,7 @@ def test_an_early_error_on_one_rank_only_restarts_after_the_wait(workdir):
     form(m)
     fail(m, 0, 0, import_error(0))
     assert m.heartbeat(Heartbeat(node_id=1, round=0)).action == "none"
-    m._clock.t += 11  # past _SCRIPT_ERROR_WAIT_S
+    m.clock.t += 11  # past _SCRIPT_ERROR_WAIT_S
     m.heartbeat(Heartbeat(node_id=0, round=0)), m.heartbeat(Heartbeat(node_id=1, round=0))
     m.tick()
     assert m.heartbeat(Heartbeat(node_id=1, round=0)).action == "restart"

@@ -77,7 +77,8 @@ class CheckpointCoordinator:
     Args:
         storage: the job's checkpoint storage.
         keep_last: committed steps to keep.
-        event: called as ``event(kind, **data)`` for ``checkpoint_committed``,
+        event: the master's event (it logs at ``level`` and keeps the event), called as
+            ``event(kind, *, level="info", **data)`` for ``checkpoint_committed``,
             ``checkpoint_commit_failed``, ``checkpoint_damaged`` and ``restore_decided``.
     """
 
@@ -161,8 +162,7 @@ class CheckpointCoordinator:
         except OSError as exc:
             error = f"{type(exc).__name__}: {exc}"
             self.commit_error = (step, error)
-            log.error("checkpoint_commit_failed", step=step, storage=self.storage.url, error=error)
-            self._event("checkpoint_commit_failed", step=step, storage=self.storage.url, error=error)
+            self._event("checkpoint_commit_failed", level="error", step=step, storage=self.storage.url, error=error)
             return
         self.latest = step
         self.damaged.pop(step, None)  # committed anew by the lineage that went back below it
@@ -170,9 +170,8 @@ class CheckpointCoordinator:
         self.persist_error = None
         for key in [k for k in self._shards if k[0] <= step]:
             del self._shards[key]
-        log.info("checkpoint_committed", step=step, world_size=world_size, round=round_index,
-                 mb=round(sum(s.bytes for s in shards.values()) / 2**20, 1))
-        self._event("checkpoint_committed", step=step, world_size=world_size, round=round_index)
+        self._event("checkpoint_committed", step=step, world_size=world_size, round=round_index,
+                    mb=round(sum(s.bytes for s in shards.values()) / 2**20, 1))
         tidy(self.storage, step, meta)
         retain(self.storage, latest=self.latest, keep_last=self.keep_last, damaged=self.damaged)
 
@@ -223,6 +222,16 @@ class CheckpointCoordinator:
         ranks = self._progress.setdefault(round_index, {})
         ranks[rank] = max(step, ranks.get(rank, -1))
 
+    def fold(self, round_index: int, saves: dict[int, tuple[int, ...]], steps: dict[int, int]) -> str | None:
+        """Ranks' storage saves and progress of ``round_index`` (a heartbeat's), folded into
+        the same-steps rule: why the job must fail (a step that can never be committed), or
+        ``None``."""
+        for rank, saved in saves.items():
+            self.note_saves(round_index, rank, saved)
+        for rank, step in steps.items():
+            self.note_progress(round_index, rank, step)
+        return self.misuse(round_index) if saves or steps else None
+
     def misuse(self, round_index: int) -> str | None:
         """The first violation of "every rank saves the same steps" seen in a round: a rank
         went past a step another rank saved for storage without saving it."""
@@ -267,8 +276,6 @@ class CheckpointCoordinator:
         if decision.state == "ready":
             self._restored(round_index, -1 if decision.step is None else decision.step)
         held_by = {str(r): [s for s, _ in v] for r, v in sorted(reports.items())}
-        log.info("restore_decided", round=round_index, world_size=world_size, committed=self.latest, held=held_by,
-                 source=decision.source, step=decision.step)
         self._event("restore_decided", round=round_index, world_size=world_size, committed=self.latest, held=held_by,
                     source=decision.source, step=decision.step)
         return decision
@@ -329,8 +336,7 @@ class CheckpointCoordinator:
         why = f"rank {first[0]}'s shard: {first[1]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
         self.damaged[step] = why
         fallback = self._storage_candidate(below=step)
-        log.error("checkpoint_damaged", step=step, reason=why, fallback=fallback, storage=self.storage.url)
-        self._event("checkpoint_damaged", step=step, reason=why, fallback=fallback, storage=self.storage.url)
+        self._event("checkpoint_damaged", level="error", step=step, reason=why, fallback=fallback, storage=self.storage.url)
         if fallback is None:
             state.answer = RestoreVerifyAnswer(state="failed", reason=self._no_intact_reason())
             return state.answer

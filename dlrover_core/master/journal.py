@@ -24,6 +24,10 @@ Every snapshot carries ``version`` (increasing: an older snapshot never replaces
 whatever the order the threads that took them write in) and ``seq``, the last log line it
 already includes; :meth:`Journal.load` returns the snapshot and the lines after it.
 
+:class:`WriteAhead` is how the master uses it: decisions taken inside one batch (a tick that
+loses 1,000 nodes) are written once, when the batch ends, and the effects that must follow
+the write (a relaunch) run after it.
+
 Test hook: ``DLROVER_TEST_CRASH_AT=<point>:<n>`` makes the master exit at once
 (``os._exit``, as a SIGKILL would) right after the ``n``-th journal write for ``point``
 (e.g. ``round_formed:2``); it fires once per log directory (a marker file records it), so
@@ -32,10 +36,11 @@ the restarted master does not crash again. It exists for fault-injection tests o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +48,7 @@ from dlrover_core.errors import DLRoverError
 from dlrover_core.fileio import write_atomic as _write_atomic
 from dlrover_core.logging import get_logger
 
-__all__ = ["CRASH_AT_ENV", "Journal", "write_atomic"]
+__all__ = ["CRASH_AT_ENV", "Journal", "WriteAhead", "write_atomic"]
 
 log = get_logger()
 
@@ -186,3 +191,84 @@ class Journal:
         marker.write_text(str(os.getpid()))
         log.warning("master_test_crash", point=point, n=n, hook=CRASH_AT_ENV)
         os._exit(CRASH_EXIT_CODE)
+
+
+class WriteAhead:
+    """The master's write-ahead discipline over a :class:`Journal` (``None``: nothing is
+    written, the effects run at once).
+
+    :meth:`batch` holds the master's lock; journal points decided inside (:meth:`decided`)
+    are written as one snapshot when the outermost batch ends, and the effects deferred with
+    :meth:`after` run after that write. :meth:`note` appends one node's change as a log line.
+
+    Args:
+        journal: where to write.
+        lock: the master's lock (an ``RLock``: a batch may open inside another).
+        snapshot: the master's snapshot (:meth:`JobMaster.snapshot`); it reads :attr:`seq`.
+    """
+
+    def __init__(self, journal: Journal | None, lock: threading.RLock, snapshot: Callable[[], dict[str, Any]]) -> None:
+        self.journal = journal
+        self._lock = lock
+        self._snapshot = snapshot
+        self.seq = 0  # node changes logged
+        self._due: list[str] = []  # journal points decided in the current batch, not written yet
+        self._deferred: list[Callable[[], None]] = []  # effects that wait for that write (relaunches)
+        self._depth = 0
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Hold the lock; write what was decided inside once, when the outermost batch ends."""
+        with self._lock:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+                if self._depth == 0:
+                    self.flush()
+
+    def decided(self, point: str) -> None:
+        """A decision the job must survive was taken (``point`` names it): journal it before
+        it takes effect — now, or at the end of the current batch."""
+        self._due.append(point)
+        if self._depth == 0:
+            self.flush()
+
+    def after(self, effect: Callable[[], None]) -> None:
+        """Run ``effect`` once the decisions taken so far are journaled."""
+        if self._depth == 0:
+            self.flush()
+            effect()
+        else:
+            self._deferred.append(effect)
+
+    def flush(self) -> None:
+        due, self._due = self._due, []
+        deferred, self._deferred = self._deferred, []
+        if due and self.journal is not None:
+            try:
+                self.journal.write(self._snapshot(), points=dict.fromkeys(due))
+            except OSError as exc:  # the job goes on; a master restart would lose this decision
+                log.error("master_journal_failed", points=list(dict.fromkeys(due)), error=f"{type(exc).__name__}: {exc}")
+        for effect in deferred:
+            effect()
+
+    def note(self, entry: dict[str, Any], *, node_id: int, point: str | None = None) -> None:
+        """Log one node's change (``entry`` gets the next ``seq``) before the answer or the
+        effect that follows it. (A snapshot of 10,000 nodes per lost node would stall the
+        master just when many are lost.)"""
+        if self.journal is None:
+            return
+        self.seq += 1
+        try:
+            self.journal.append({"seq": self.seq, **entry}, point=point)
+        except OSError as exc:
+            log.error("master_journal_failed", node_id=node_id, error=f"{type(exc).__name__}: {exc}")
+
+    def write_if_changed(self) -> bool:
+        """Write a snapshot now, unless nothing changed since the last one (the periodic
+        write for soft state: progress, metrics, goodput). Returns whether it wrote."""
+        if self.journal is None:
+            return False
+        return self.journal.write(self._snapshot(), skip_unchanged=True)

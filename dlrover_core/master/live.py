@@ -20,18 +20,24 @@ says so, and the master restarts every worker from the newest checkpoint instead
 
 Ranks follow worker slots ``(node_id, local_rank)`` in order, so a world that grows back to
 its full size has the ranks it started with. Not thread-safe: the master holds its lock.
+
+:class:`LiveRecovery` is the master's side of it: the running round's world, opened with the
+round and closed when every worker restarts, and what the master asks it (replace failed
+workers, place a worker asking for its generation), with the events that say what happened.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import attrs
 
 from dlrover_core.logging import get_logger
-from dlrover_core.protocol.messages import LiveAssignment, LiveReform
+from dlrover_core.master.decisions import LiveAnswer
+from dlrover_core.protocol.messages import LiveAssignment, LiveReform, WorkerFailure
 
-__all__ = ["LiveWorld", "Slot", "Transition"]
+__all__ = ["LiveRecovery", "LiveWorld", "Slot", "Transition"]
 
 log = get_logger()
 
@@ -260,6 +266,111 @@ class LiveWorld:
                                            opened=opened))
         log.info("live_generation_formed", round=self.round, generation=self.generation, world_size=len(new),
                  reason=reason, wait_s=round(now - opened, 4))
+
+
+class LiveRecovery:
+    """The live world of the running round, as the job master uses it.
+
+    Args:
+        why_not: why this job's failures are never recovered live (``""``: they may be;
+            from the spec: ``failure.live_recovery=False``, a sharded strategy).
+        store_host: where workers reach the rounds' stores.
+        clock: the master's clock (seconds).
+        event: the master's event sink (``kind, **data``: logged and kept in events.jsonl).
+        straggler_timeout_s: see :class:`LiveWorld`.
+    """
+
+    def __init__(self, *, why_not: str, store_host: str, clock: Callable[[], float],
+                 event: Callable[..., None], straggler_timeout_s: float) -> None:
+        self.why_not = why_not
+        self.world: LiveWorld | None = None
+        self._store_host = store_host
+        self._clock = clock
+        self._event = event
+        self._straggler_timeout_s = straggler_timeout_s
+        self._told = 0  # transitions of the world already turned into events
+
+    @property
+    def open_round(self) -> int | None:
+        """The round whose live world is open (``None``: none, or it closed)."""
+        return self.world.round if self.world is not None and not self.world.closed else None
+
+    def open(self, round_index: int, members: Sequence[Slot], port: int, store: Any) -> None:
+        """A round formed: its generation 0 (none when the job is never live, or the store
+        cannot hold the flags)."""
+        self.close(f"round {round_index} started")
+        self.world, self._told = None, 0
+        if self.why_not or store is None or not hasattr(store, "set"):
+            return
+        self.world = LiveWorld(round_index=round_index, members=list(members), store_host=self._store_host,
+                               store_port=port, set_key=lambda key: store.set(key, "1"), clock=self._clock,
+                               straggler_timeout_s=self._straggler_timeout_s)
+
+    def close(self, why: str) -> None:
+        """Every worker restarts: the live world answers ``restart`` from now on."""
+        if self.world is not None and not self.world.closed:
+            self.world.close(why)
+
+    def unavailable(self, round_index: int, why: str) -> None:
+        """The round's failure cannot be recovered live: close, and say why."""
+        self.close(why)
+        self._event("live_recovery_unavailable", round=round_index, reason=why)
+
+    def replace(self, node_id: int, failures: Sequence[WorkerFailure]) -> LiveAnswer:
+        """Mark the failed workers (a node's, when a failure names no local rank) dead; the
+        survivors go on if the world can (else it closes, saying why)."""
+        world = self.world
+        assert world is not None
+        if any(f.local_rank is None for f in failures):
+            world.node_died(node_id)
+        else:
+            for f in failures:
+                world.worker_died((node_id, int(f.local_rank)))  # type: ignore[arg-type]
+        why = world.can_go_on()
+        if why:
+            self.unavailable(world.round, why)
+            return LiveAnswer(replaced=False, why=why)
+        self.progress()
+        return LiveAnswer(replaced=True, survivors=len(world.survivors()))
+
+    def node_left(self, round_index: int, node_id: int) -> str | None:
+        """A node of ``round_index`` left (its agent exited): ``None`` without a live world
+        for the round, else why the others cannot go on live without it (``""``: they can)."""
+        world = self.world
+        if world is None or world.closed or world.round != round_index:
+            return None
+        world.node_died(node_id)
+        why = world.can_go_on()
+        if not why:
+            self.progress()
+        return why
+
+    def reform(self, message: LiveReform, *, ended: str, required_round: int) -> LiveAssignment:
+        """A worker asks for its place in the next generation. ``ended``: the job's end
+        state (``""``: running)."""
+        if ended:
+            return LiveAssignment(state="stop", reason=f"the job ended {ended}")
+        world = self.world
+        if world is None or world.round != message.round or message.round < required_round:
+            return LiveAssignment(state="restart", reason=self.why_not or "every worker restarts into a new round")
+        answer = world.reform(message)
+        self.progress()
+        return answer
+
+    def tick(self) -> None:
+        if self.world is not None:
+            self.world.tick()
+            self.progress()
+
+    def progress(self) -> None:
+        """Turn newly formed generations into events."""
+        world = self.world
+        if world is None:
+            return
+        for t in world.transitions[self._told:]:
+            self._event("live_reformed", level="debug", round=world.round, generation=t.generation, world_size=t.world_size,
+                        reason=t.reason, wait_s=round(t.time - t.opened, 4))
+        self._told = len(world.transitions)
 
 
 def _slots(slots: list[Slot]) -> str:

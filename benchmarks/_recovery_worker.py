@@ -11,7 +11,7 @@ than one process, and the two state dicts' keys differ (``module.`` prefix).
 
 Data: ``train.ElasticSampler`` over the corpus's windows (as ``examples/charlm/train.py``).
 With ``--live`` the loop is ``train.steps()`` (``with step:``), so the job may recover
-without stopping when the product can (DESIGN §5a): each rank's share of the global batch
+without stopping when the product can (docs/design.md §5a): each rank's share of the global batch
 follows the world size, in micro-batches of ``--batch-size``. Without it, a plain ``range``
 loop: a failure restarts every worker, which restores from the Checkpointer (what the
 restore-latency experiment measures).

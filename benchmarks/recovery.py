@@ -12,7 +12,7 @@ and every side gets the same SIGKILLs (experiment a):
   the script loops with ``train.steps()``, so when a worker dies the survivor re-forms a
   1-process group in place and goes on with the whole global batch (in micro-batches), and
   the dead worker's agent starts a replacement (a warm standby: torch already imported) that
-  joins at a step boundary and receives the live state from the survivor (DESIGN §5a).
+  joins at a step boundary and receives the live state from the survivor (docs/design.md §5a).
   Flash Checkpoint: a memory snapshot every step, persisted every K steps.
 * **torchrun**: ``torchrun --standalone --nnodes 1 --nproc-per-node 2 --max-restarts 100``
   running ``_recovery_torchrun_train.py`` (plain DDP, ``torch.save`` + fsync every K steps

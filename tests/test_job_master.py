@@ -220,7 +220,7 @@ def test_signal_names():
     assert signal_name(1) is None and signal_name(None) is None
 
 
-# ----- recovery without stopping (DESIGN §5a) ------------------------------------------------
+# ----- recovery without stopping (docs/design.md §5a) ------------------------------------------------
 
 
 class FakeStore:

@@ -1,4 +1,4 @@
-"""Recovery without stopping (DESIGN §5a), with real processes, real gloo and real signals.
+"""Recovery without stopping (docs/design.md §5a), with real processes, real gloo and real signals.
 
 Each job runs ``tests/scripts/live_train.py`` (a linear model, an ``ElasticSampler``,
 ``train.steps``), which logs every applied step: pid, rank, world size, sampler position,

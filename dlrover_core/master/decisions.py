@@ -1,4 +1,4 @@
-"""The job master's decisions, as pure functions of a small view of the job (DESIGN §5d).
+"""The job master's decisions, as pure functions of a small view of the job (docs/design.md §5d).
 
 Each function takes a frozen :class:`JobView` — what the master knows that the decision needs —
 and the facts of one event (a failure report, a node's success, its exit, too few nodes), and

@@ -14,7 +14,7 @@ down by phase, on the master's clock:
 * ``startup_s``: from a round's completion to its first step (process start, imports,
   process group; restore time excluded);
 * ``reform_s``: the survivors re-forming the live world after a failure or for a joiner
-  (worker-measured; DESIGN §5a).
+  (worker-measured; docs/design.md §5a).
 
 :class:`StepRate` measures how fast the job goes now, from the same records: seconds per step,
 job-wide samples and tokens per second (``train.report(..., samples=, tokens=)``) and the ETA

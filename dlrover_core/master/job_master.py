@@ -199,7 +199,7 @@ class JobMaster:
     required_round = property(lambda self: self.book.required_round)
     failures = property(lambda self: self.book.failures)
     metrics = property(lambda self: self.book.metrics)
-    live = property(lambda self: self.livework.world, doc="The running round's live world (DESIGN §5a).")
+    live = property(lambda self: self.livework.world, doc="The running round's live world (docs/design.md §5a).")
     live_why = property(lambda self: self.livework.why_not, doc="Why failures restart every worker (\"\": they need not).")
 
     # ----- helpers -------------------------------------------------------------------
@@ -580,9 +580,7 @@ class JobMaster:
             self.finish(JobState.CANCELLED, message.reason or Cancel().reason)
             return ActionAnswer(action=Action.STOP)
 
-    # ----- rounds ------------------------------------------------------------------------
-
-    # ----- recovery without stopping (DESIGN §5a) ------------------------------------------
+    # ----- recovery without stopping (docs/design.md §5a) ---------------------------------
 
     def _live_blocker(self) -> str:
         """Why this job's failures restart every worker (``""``: survivors can go on)."""

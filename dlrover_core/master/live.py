@@ -1,4 +1,4 @@
-"""The live world of a round: its generations of worker process groups (DESIGN §5a).
+"""The live world of a round: its generations of worker process groups (docs/design.md §5a).
 
 A rendezvous round starts generation 0: its workers, ranked as the round ranks them. When
 a worker dies, the survivors' collectives fail and each asks for its place in the next

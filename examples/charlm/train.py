@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
     # every window of the corpus once per epoch, job-wide: the global batch (world size x
-    # --batch-size) stays the same when the world shrinks or grows (DESIGN §5a)
+    # --batch-size) stays the same when the world shrinks or grows (docs/design.md §5a)
     sampler = train.ElasticSampler(n_windows(train_data, args.block_size), args.batch_size, seed=args.seed)
     val = val_batches(val_data, block_size=args.block_size, batch_size=args.batch_size, n_batches=args.eval_batches)
     torch.manual_seed(args.seed + 1 + info.rank)  # dropout masks differ per rank

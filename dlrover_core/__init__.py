@@ -5,6 +5,12 @@ Describe a job with :class:`Job` and call ``.run()``; inside the training script
 :mod:`dlrover_core.hookspecs`, marked with :data:`hookimpl`.
 """
 
+# first, before anything heavy: in a `dlrover run` process this keeps its stop signals (SIGINT,
+# SIGTERM, ...) for the launcher from here on (dlrover_core.stoplatch); elsewhere it does nothing
+from dlrover_core import stoplatch  # noqa: F401
+
+# isort: split
+
 from importlib.metadata import PackageNotFoundError, version
 
 from dlrover_core.errors import (

@@ -30,9 +30,18 @@ from dlrover_core.logging import json_mode, write_record
 from dlrover_core.plugins import get_host
 from dlrover_core.protocol.result import NO_STEPS_NOTE, format_exit_codes
 from dlrover_core.protocol.state import JobState
-from dlrover_core.runner import check_checkpoint_storage, find_job, log_record, progress_fields, progress_line
+from dlrover_core.runner import (
+    check_checkpoint_storage,
+    check_worker_placement,
+    exit_code,
+    find_job,
+    log_record,
+    progress_fields,
+    progress_line,
+)
 from dlrover_core.signals import DEFAULT_STOP_SIGNALS, SIGNALS_ENV, parse_signals
-from dlrover_core.spec import Checkpoint, Failure, Nodes, auto_heartbeat
+from dlrover_core.spec import NUMA_MODES, Checkpoint, Failure, Nodes, auto_heartbeat
+from dlrover_core.stoplatch import StopLatch, process_latch
 from dlrover_core.validation import validate_job
 
 __all__ = ["main"]
@@ -111,9 +120,6 @@ def _rdzv_conf(text: str) -> dict[str, str]:
 _REJECTED = {
     "--logs-specs": "dlrover writes each rank's output to <log-dir>/<job id>/node_<n>/rank_<r>.log itself; "
                     "torchrun LogsSpecs plugins are not loaded",
-    "--numa-binding": "NUMA binding of workers is not supported yet; bind with numactl in the script's launcher "
-                      "(--no-python numactl ...)",
-    "--virtual-local-rank": "not supported yet: workers see their real LOCAL_RANK",
     "--duplicate-stdout-filters": "not supported: every rank's output is already in its rank_<r>.log",
     "--duplicate-stderr-filters": "not supported: every rank's output is already in its rank_<r>.log",
 }
@@ -233,9 +239,12 @@ def _interface_of(address: str) -> str | None:
               envvar="PET_SHUTDOWN_TIMEOUT", help="Seconds workers get to exit after SIGTERM (Failure.stop_grace_s; "
                                                   "unset: $TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 10).")
 @click.option("--logs-specs", "--logs_specs", "logs_specs", default=None, hidden=True)
-@click.option("--numa-binding", "--numa_binding", "numa_binding", default=None, hidden=True)
-@click.option("--virtual-local-rank", "--virtual_local_rank", "virtual_local_rank", is_flag=True, hidden=True,
-              envvar="PET_VIRTUAL_LOCAL_RANK")
+@click.option("--numa-binding", "--numa_binding", "numa_binding", default=None, type=click.Choice(NUMA_MODES),
+              help="Bind each worker to the CPUs near its device (the one of its local rank): node, socket, "
+                   "exclusive or core-complex (torch's modes). Needs devices with a NUMA node (cuda).")
+@click.option("--virtual-local-rank", "--virtual_local_rank", "virtual_local_rank", is_flag=True,
+              envvar="PET_VIRTUAL_LOCAL_RANK",
+              help="Every worker sees LOCAL_RANK=0 and only its own device (CUDA_VISIBLE_DEVICES narrowed).")
 @click.option("--duplicate-stdout-filters", "--duplicate_stdout_filters", "duplicate_stdout_filters", default=None,
               hidden=True, envvar="PET_DUPLICATE_STDOUT_FILTERS")
 @click.option("--duplicate-stderr-filters", "--duplicate_stderr_filters", "duplicate_stderr_filters", default=None,
@@ -250,6 +259,10 @@ def _interface_of(address: str) -> str | None:
               help="Node count of a round is a multiple of this.")
 @click.option("--run-id", "--run_id", "run_id", default=None, hidden=True)
 @click.option("--dryrun", is_flag=True, help="With --simulate-nodes: print the plan and exit.")
+@click.option("--progress/--no-progress", "progress", default=None,
+              help="dlrover's own: the job's progress line on the job master's host. Default: live on a terminal "
+                   "only; --progress: also plain progress lines (JSON records with DLROVER_LOG_FORMAT=json) "
+                   "when stdout is not a terminal.")
 @click.option("--force", is_flag=True,
               help=f"Start more than {MAX_CPU_WORKERS_PER_CORE} cpu workers per core of this machine anyway.")
 @click.argument("entrypoint")
@@ -258,7 +271,7 @@ def run(nnodes, nproc_per_node, rdzv_backend, rdzv_endpoint, rdzv_id, rdzv_conf,
         monitor_interval, start_method, event_log_handler, role, module, no_python, run_path, log_dir, redirects, tee,
         local_ranks_filter, node_rank, master_addr, master_port, local_addr, signals_to_handle, shutdown_timeout,
         logs_specs, numa_binding, virtual_local_rank, duplicate_stdout_filters, duplicate_stderr_filters,
-        simulate_nodes, accelerator, checkpoint_dir, node_unit, run_id, dryrun, force, entrypoint, args):
+        simulate_nodes, accelerator, checkpoint_dir, node_unit, run_id, dryrun, progress, force, entrypoint, args):
     """Run ENTRYPOINT (a script, or a module with -m) with ARGS: one agent on this host.
 
     \b
@@ -270,8 +283,7 @@ def run(nnodes, nproc_per_node, rdzv_backend, rdzv_endpoint, rdzv_id, rdzv_conf,
     torchrun's flags mean what they mean there (docs/torchrun.md lists the differences);
     --simulate-nodes runs several agents on this machine instead.
     """
-    given = {"--logs-specs": logs_specs, "--numa-binding": numa_binding, "--virtual-local-rank": virtual_local_rank,
-             "--duplicate-stdout-filters": duplicate_stdout_filters,
+    given = {"--logs-specs": logs_specs, "--duplicate-stdout-filters": duplicate_stdout_filters,
              "--duplicate-stderr-filters": duplicate_stderr_filters}
     for flag, value in given.items():
         if value:
@@ -301,22 +313,28 @@ def run(nnodes, nproc_per_node, rdzv_backend, rdzv_endpoint, rdzv_id, rdzv_conf,
         nproc = _nproc(nproc_per_node, accelerator)
         nodes = Nodes(min=nodes.min, max=nodes.max, node_unit=node_unit, nproc_per_node=nproc,
                       last_call_s=float(conf.get("last_call_timeout", nodes.last_call_s)),
-                      join_timeout_s=float(conf.get("join_timeout", nodes.join_timeout_s)))
+                      join_timeout_s=float(conf.get("join_timeout", nodes.join_timeout_s)),
+                      numa_binding=numa_binding, virtual_local_rank=virtual_local_rank)
         failure = _failure(max_restarts, monitor_interval, conf, shutdown_timeout, nodes=nodes.max)
         job_env = {} if role == "default" else {"ROLE_NAME": role}
         job = Job(name=_job_name(run_id or (rdzv_id if rdzv_id != "none" else entrypoint)), entrypoint=entrypoint,
                   args=list(args), nodes=nodes, accelerator=accelerator, checkpoint=Checkpoint(dir=_local_path(checkpoint_dir)),
                   failure=failure, log_dir=_local_path(log_dir), env=job_env, workdir=os.getcwd())
+        latch = process_latch()  # armed at this process's first instruction (dlrover_core.stoplatch)
+        if latch is not None:
+            latch.handle_only(_signals(signals_to_handle))
         if simulate_nodes is not None:
             _check_worker_count(nodes, accelerator, "local", force)
             _agent_environment(nproc, redirects, tee, local_ranks_filter, no_python, local_addr)
             os.environ[SIGNALS_ENV] = signals_to_handle
             if dryrun:
                 click.echo(str(job.dryrun()))
+                _exit_if_stopped(latch)
                 return
             _ensure_log_dir(log_dir, "--log-dir")
-            result = job.run()
-            sys.exit(0 if result.state.value == "SUCCEEDED" else 1)
+            job_run = job.submit()  # Job.run(): submit, then wait (which cancels the job on a stop signal)
+            result = job_run.wait()
+            sys.exit(exit_code(result, job_run.stop_signal))
         _check_worker_count(attrs.evolve(nodes, min=1, max=1), accelerator, "local", force)
         plan = _host_plan(job, nodes=nodes, standalone=standalone, rdzv_backend=rdzv_backend,
                           rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, node_rank=node_rank, master_addr=master_addr,
@@ -329,13 +347,20 @@ def run(nnodes, nproc_per_node, rdzv_backend, rdzv_endpoint, rdzv_id, rdzv_conf,
             click.echo(f"# this host: one agent, node {node}; the job master at {plan.endpoint} "
                        f"({'started here' if plan.standalone else 'started by the first dlrover run on that host'})")
             click.echo(str(attrs.evolve(job, nodes=attrs.evolve(nodes, min=1, max=1)).dryrun()))
+            _exit_if_stopped(latch)
             return
         _ensure_log_dir(log_dir, "--log-dir")
-        code = run_host(plan, signals=signals,
-                        preflight=lambda: (validate_job(job), check_checkpoint_storage(job)))
+        code = run_host(plan, signals=signals, latch=latch, progress=progress,
+                        preflight=lambda: (validate_job(job), check_checkpoint_storage(job), check_worker_placement(job)))
     except (DLRoverError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     sys.exit(code)
+
+
+def _exit_if_stopped(latch: StopLatch | None) -> None:
+    """Exit 128+N when a stop signal N came during a dry run (nothing was started)."""
+    if latch is not None and latch.signum is not None:
+        sys.exit(128 + latch.signum)
 
 
 def _local_path(path: str) -> str:
@@ -477,11 +502,16 @@ def submit(job_file: str, scheduler: str | None, wait: bool, dryrun: bool) -> No
     click.echo(f"  dlrover cancel {run.job_id} --log-dir {log_root}")
     if wait:
         result = run.wait()  # prints the summary
-        if result.state.value != "SUCCEEDED":
-            sys.exit(1)
+        sys.exit(exit_code(result, run.stop_signal))  # 0, 1, or 128+N after Ctrl-C (130) / SIGTERM (143)
 
 
 def _find(job_id: str, log_dir: str) -> Any:
+    """The job ``job_id`` under ``log_dir``; ``job_id`` may also be the run directory itself
+    (``dlrover-runs/<job id>``, as ``dlrover run`` prints it)."""
+    run_dir = Path(job_id)
+    if ("/" in job_id or job_id in (".", "..")) and (run_dir / "job.json").is_file():
+        run_dir = run_dir.resolve()
+        job_id, log_dir = run_dir.name, str(run_dir.parent)
     try:
         return find_job(job_id, log_dir)
     except DLRoverError as exc:
@@ -493,7 +523,8 @@ def _find(job_id: str, log_dir: str) -> Any:
 @click.option("--log-dir", default="dlrover-runs", show_default=True, help="The Job's log_dir.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def status(job_id: str, log_dir: str, as_json: bool) -> None:
-    """Show a job on any scheduler: the progress line (step/total, ETA, samples/s, loss,
+    """Show a job (JOB_ID, or its run directory <log-dir>/<job id>) on any scheduler: the
+    progress line (step/total, ETA, samples/s, loss,
     goodput, nodes, restarts), metrics and the goodput timeline; for a job whose script never
     called ``train.report``: what is known (wall time, restarts, worker exit codes) and that
     step and goodput need it. ``--json``: the status's fields, ``progress`` (the line's numbers),
@@ -520,7 +551,7 @@ def status(job_id: str, log_dir: str, as_json: bool) -> None:
         click.echo(json.dumps(data, indent=2, default=str))
         return
     console = Console(highlight=False)
-    console.print(f"job {job_id} ({run.handle}): [b]{st.state.value}[/b]" + (f" — {st.message}" if st.message else ""))
+    console.print(f"job {run.job_id} ({run.handle}): [b]{st.state.value}[/b]" + (f" — {st.message}" if st.message else ""))
     round_text = f" | round {st.round}" if st.round >= 0 else ""
     console.print(f"  {progress_line(st)}{round_text}", markup=False, soft_wrap=True)
     if st.metrics:

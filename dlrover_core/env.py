@@ -25,6 +25,8 @@ __all__ = [
     "WORKER_EXEC",
     "CONSOLE_LOCAL_RANKS",
     "STANDBY_READY_FD",
+    "LOCAL_RANK",
+    "CPU_AFFINITY",
 ]
 
 #: The job spec as JSON (``Job.to_dict()``).
@@ -62,3 +64,10 @@ WORKER_EXEC = "DLROVER_WORKER_EXEC"
 CONSOLE_LOCAL_RANKS = "DLROVER_CONSOLE_LOCAL_RANKS"
 #: In a standby's environment: the pipe it writes one byte to once it is warm
 STANDBY_READY_FD = "DLROVER_STANDBY_READY_FD"
+#: In a worker: its local rank on its node, whatever ``LOCAL_RANK`` says (``dlrover run
+#: --virtual-local-rank`` makes ``LOCAL_RANK`` 0 for every worker, as torchrun's does)
+LOCAL_RANK = "DLROVER_LOCAL_RANK"
+#: In a worker's environment: the CPUs it is bound to (``"0-7,16-23"``, the form of sysfs and
+#: ``numactl --physcpubind``; ``dlrover run --numa-binding``), applied with ``sched_setaffinity``
+#: by the worker's launcher before the script starts (a warm standby: when it is activated)
+CPU_AFFINITY = "DLROVER_CPU_AFFINITY"

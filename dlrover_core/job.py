@@ -9,7 +9,7 @@ import attrs
 
 from dlrover_core.runner import JobRun, dryrun, submit
 from dlrover_core.spec import JobSpec
-from dlrover_core.validation import validate_job
+from dlrover_core.validation import declare_replicated, validate_job
 
 if TYPE_CHECKING:
     from dlrover_core.protocol import JobResult
@@ -28,6 +28,9 @@ class Job(JobSpec):
 
     Building a Job checks each field by itself; :meth:`validate` (run by :meth:`dryrun`,
     :meth:`submit` and :meth:`run`) checks it against this machine's plugins and files.
+    :meth:`dryrun`, :meth:`submit` and :meth:`run` plan the job with what the plugins declare
+    about it filled in as data (each parallel strategy's replicated state:
+    :func:`~dlrover_core.validation.declare_replicated`).
     """
 
     def validate(self) -> Job:
@@ -39,13 +42,17 @@ class Job(JobSpec):
 
     def dryrun(self) -> Plan:
         """The exact plan the scheduler would execute (processes, scripts, manifests). Pure."""
-        return dryrun(self)
+        return dryrun(declare_replicated(self))
 
     def submit(self, *, detach: bool = False) -> JobRun:
         """Start the job and return a handle without waiting (see :class:`~dlrover_core.runner.JobRun`).
         With ``detach``, the job outlives the calling process (else it is cancelled when it exits)."""
-        return submit(self, detach=detach)
+        return submit(declare_replicated(self), detach=detach)
 
     def run(self, *, progress: bool = True) -> JobResult:
-        """Run the job to the end, showing logs and live progress; return its JobResult."""
+        """Run the job to the end, showing logs and live progress; return its JobResult
+        (:meth:`~dlrover_core.runner.JobRun.wait`). Ctrl-C (SIGINT) or SIGTERM meanwhile cancels
+        the job: the result is CANCELLED, and a script exits with
+        ``dlrover_core.runner.exit_code(result, run.stop_signal)`` (130, 143) when it needs the
+        signal, by calling ``submit()`` and ``wait()`` itself."""
         return self.submit().wait(progress=progress)

@@ -3,36 +3,35 @@
 from __future__ import annotations
 
 import json
-import math
 import re
+import signal
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import attrs
-from rich.console import Console
-from rich.live import Live
-from rich.text import Text
 
 from dlrover_core import env
+from dlrover_core.agent.launch import check_placement
+from dlrover_core.display import PLAIN_PROGRESS_EVERY_S, ProgressDisplay, exit_code, progress_fields, progress_line
 from dlrover_core.errors import JobSpecError, SchedulerError
 from dlrover_core.fileio import write_atomic
-from dlrover_core.logging import as_record, get_logger, json_mode, write_record
+from dlrover_core.logging import as_record, get_logger, write_record
 from dlrover_core.plugins import get_host
 from dlrover_core.protocol import JobResult, JobStatus
 from dlrover_core.scheduler_backend import JobHandle, Plan, SchedulerBackend
 from dlrover_core.spec import JobSpec
+from dlrover_core.stoplatch import StopLatch, process_latch
 from dlrover_core.validation import validate_job
 
-__all__ = ["HANDLE_FILE", "JobRun", "dryrun", "find_job", "log_record", "progress_fields", "progress_line", "save_handle", "submit"]
+__all__ = ["HANDLE_FILE", "PLAIN_PROGRESS_EVERY_S", "JobRun", "check_checkpoint_storage", "check_worker_placement",
+           "dryrun", "exit_code", "find_job", "log_record", "progress_fields", "progress_line", "save_handle", "submit"]
 
 log = get_logger()
 
 #: How long a terminal job may take to write its result (agents drain first).
 _RESULT_WAIT_S = 60.0
-#: Seconds between two plain progress lines (or JSON progress objects) when nothing changed.
-PLAIN_PROGRESS_EVERY_S = 15.0
 
 
 def _backend(job: JobSpec) -> SchedulerBackend:
@@ -58,6 +57,8 @@ def submit(job: JobSpec, *, detach: bool = False) -> JobRun:
     plan = backend.dryrun(job)
     if backend.capabilities.storage_on_submit_host:
         check_checkpoint_storage(job)
+    if backend.capabilities.devices_on_submit_host:
+        check_worker_placement(job)
     if detach:
         plan = attrs.evolve(plan, processes=tuple(
             attrs.evolve(p, env={k: v for k, v in p.env.items() if k != env.WATCH_PID}) for p in plan.processes))
@@ -82,6 +83,23 @@ def check_checkpoint_storage(job: JobSpec) -> None:
                            f"a location the job can write checkpoints to; {job.checkpoint.storage} storage "
                            f"failed a test write: {type(exc).__name__}: {exc}. Point Checkpoint(dir=...) at a "
                            "writable directory (or fix its permissions / mount)") from exc
+
+
+def check_worker_placement(job: JobSpec) -> None:
+    """With ``nodes.numa_binding`` or ``nodes.virtual_local_rank``: place each local rank's
+    worker on this machine's devices now (:func:`~dlrover_core.agent.launch.check_placement`),
+    so a binding that cannot apply here (no device with a NUMA node: cpu) refuses the job
+    before anything starts, as torchrun fails before its workers run. For ``dlrover run``
+    (each host checks its own) and schedulers whose nodes use this machine's devices.
+
+    Raises:
+        DeviceError: names the option and why it cannot apply.
+    """
+    if job.nodes.numa_binding is None and not job.nodes.virtual_local_rank:
+        return
+    accelerator = get_host().create_accelerator(job.accelerator)
+    nproc = job.nodes.nproc_per_node
+    check_placement(job, accelerator, accelerator.default_nproc_per_node() if nproc == "auto" else int(nproc))
 
 
 #: The file in a job's log directory that lets a later process find the job again.
@@ -116,78 +134,6 @@ def find_job(job_id: str, log_dir: str = "dlrover-runs") -> JobRun:
     return JobRun(backend=backend, plan=None, handle=handle)
 
 
-def _duration(seconds: float) -> str:
-    """``45s``, ``1m05s``, ``2h03m``, ``3d04h``."""
-    total = int(round(seconds))
-    if total < 60:
-        return f"{total}s"
-    minutes, secs = divmod(total, 60)
-    if minutes < 60:
-        return f"{minutes}m{secs:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    if hours < 24:
-        return f"{hours}h{minutes:02d}m"
-    days, hours = divmod(hours, 24)
-    return f"{days}d{hours:02d}h"
-
-
-def _rate(value: float) -> str:
-    """``512``, ``3.4``, ``32.8k``, ``1.25M``."""
-    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if value >= scale:
-            return f"{value / scale:.3g}{suffix}"
-    return f"{value:.3g}" if value < 100 else f"{value:.0f}"
-
-
-def progress_fields(s: JobStatus, elapsed_s: float | None = None) -> dict[str, Any]:
-    """The numbers of the progress line, as a JSON-ready dict (``None``: unknown): ``state``,
-    ``step``, ``total_steps``, ``percent``, ``eta_s``, ``step_time_s``, ``samples_per_s``,
-    ``tokens_per_s``, ``loss``, ``val_loss``, ``goodput`` (0..1, so far), ``nodes``,
-    ``max_nodes``, ``restarts``, ``elapsed_s`` (``s.elapsed_s``, else ``elapsed_s``)."""
-    reported = s.step >= 0
-    percent = None
-    if reported and s.total_steps:
-        percent = round(min(100.0, 100.0 * (s.step + 1) / s.total_steps), 1)
-    goodput = s.goodput.get("goodput") if reported else None
-    elapsed = s.elapsed_s if s.elapsed_s is not None else elapsed_s
-    return {
-        "state": s.state.value, "step": s.step if reported else None, "total_steps": s.total_steps,
-        "percent": percent, "eta_s": s.eta_s if reported else None, "step_time_s": s.step_time_s,
-        "samples_per_s": s.samples_per_s, "tokens_per_s": s.tokens_per_s,
-        "loss": s.metrics.get("loss"), "val_loss": s.metrics.get("val_loss"), "goodput": goodput,
-        "nodes": s.nodes, "max_nodes": s.max_nodes, "restarts": s.restarts,
-        "elapsed_s": None if elapsed is None else round(elapsed, 1),
-    }
-
-
-def progress_line(s: JobStatus, elapsed_s: float | None = None) -> str:
-    """``running | step 120/300 (40%) | ETA 1m05s | 512 samples/s | 32.8k tokens/s | loss 2.3100 |
-    goodput 91% | nodes 2/2 | restarts 1 | 45 s``; what is unknown is left out (the step and
-    goodput before the first ``train.report``, the total and the ETA without ``total_steps``,
-    the rates without ``samples``/``tokens``)."""
-    f = progress_fields(s, elapsed_s)
-    parts = [f["state"].lower()]
-    if f["step"] is not None:
-        done = f" ({math.floor(f['percent'])}%)" if f["percent"] is not None else ""  # 100% only at the end
-        parts.append(f"step {f['step']}" + (f"/{f['total_steps']}{done}" if f["total_steps"] else ""))
-    if f["eta_s"] is not None and not s.state.is_terminal:
-        parts.append(f"ETA {_duration(f['eta_s'])}")
-    for key, unit in (("samples_per_s", "samples/s"), ("tokens_per_s", "tokens/s")):
-        if f[key] is not None:
-            parts.append(f"{_rate(f[key])} {unit}")
-    for key in ("loss", "val_loss"):
-        if f[key] is not None:
-            parts.append(f"{key} {f[key]:.4f}")
-    if f["goodput"] is not None:
-        parts.append(f"goodput {f['goodput']:.0%}")
-    if s.max_nodes:  # (0: unknown, e.g. an ended job's status read from its result)
-        parts.append(f"nodes {s.nodes}/{s.max_nodes}")
-    parts.append(f"restarts {s.restarts}")
-    if f["elapsed_s"] is not None:
-        parts.append(f"{f['elapsed_s']:.0f} s")
-    return " | ".join(parts)
-
-
 _SOURCE = re.compile(r"^\[([^\]]+)\] ?(.*)$", re.DOTALL)
 
 
@@ -217,6 +163,8 @@ class JobRun:
         self.backend = backend
         self.plan = plan
         self.handle = handle
+        #: The signal (SIGINT, SIGTERM) that made :meth:`wait` cancel the job, if one did.
+        self.stop_signal: int | None = None
 
     @property
     def job_id(self) -> str:
@@ -240,22 +188,23 @@ class JobRun:
         line (:func:`progress_line`: step/total, ETA, samples/s, loss, goodput, nodes,
         restarts) on a terminal, else a plain ``progress: ...`` line every
         ``progress_every_s`` seconds and when the state, nodes or restarts change; then
-        the result's summary. With ``DLROVER_LOG_FORMAT=json`` every line written to stdout
-        is a JSON object instead: the logs (``node``/``rank`` fields, a non-JSON line as
-        ``{"event": "output", "text": ...}``), ``{"event": "progress", ...}``
-        (:func:`progress_fields`) at the plain line's pace, and ``{"event": "result", ...}``
-        (``JobResult.to_record()``). Ctrl-C cancels the job. Every process the job started is
-        gone when this returns.
+        the result's summary (:class:`~dlrover_core.display.ProgressDisplay`). With
+        ``DLROVER_LOG_FORMAT=json`` every line written to stdout is a JSON object instead: the
+        logs (``node``/``rank`` fields, a non-JSON line as ``{"event": "output", "text": ...}``),
+        ``{"event": "progress", ...}`` (:func:`progress_fields`) at the plain line's pace, and
+        ``{"event": "result", ...}`` (``JobResult.to_record()``).
+
+        Ctrl-C (SIGINT) or SIGTERM cancels the job (called from the main thread, where those
+        signals have their default handling; it is given back at the end): the result is then
+        CANCELLED and :attr:`stop_signal` names the signal, for :func:`exit_code` (130, 143).
+        Every process the job started is gone when this returns.
 
         Raises:
             TimeoutError: ``timeout_s`` passed (the job is cancelled first).
             ValueError: ``progress_every_s`` is not positive.
         """
-        if not progress_every_s > 0:
-            raise ValueError(f"progress_every_s={progress_every_s!r} must be > 0 (seconds between plain progress "
-                             f"lines; the default is {PLAIN_PROGRESS_EVERY_S:g})")
-        as_json = json_mode()
-        console = Console(highlight=False)
+        display = ProgressDisplay(self.job_id, progress=progress, every_s=progress_every_s)
+        as_json = display.as_json
         start = time.monotonic()
         pump: threading.Thread | None = None
         if progress:
@@ -264,20 +213,20 @@ class JobRun:
                     if as_json:
                         write_record(log_record(line))
                     else:
-                        console.print(Text(line), soft_wrap=True)
+                        display.line(line)
 
             pump = threading.Thread(target=copy_logs, name="dlrover-logs", daemon=True)
             pump.start()
-        last_plain = 0.0
-        last_key: tuple[Any, ...] = ()
+        latch, own_latch = _stop_latch()
         timed_out = False
-        live = (Live(console=console, auto_refresh=False, transient=True)
-                if progress and console.is_terminal and not as_json else None)
         try:
-            if live is not None:
-                live.start()
+            display.start()
             terminal_since: float | None = None
             while True:
+                if latch is not None and latch.signum is not None:
+                    self.stop_signal = latch.signum
+                    display.note("interrupted", f"{latch.name}: cancelling the job")
+                    break
                 if self.backend.result(self.handle) is not None:
                     break
                 self.backend.supervise(self.handle)
@@ -289,29 +238,18 @@ class JobRun:
                         break
                 else:
                     terminal_since = None  # e.g. a requeued job runs again
-                elapsed_s = time.monotonic() - start
-                key = (status.state, status.nodes, status.restarts)
-                if live is not None:
-                    live.update(Text(progress_line(status, elapsed_s), style="bold"), refresh=True)
-                elif progress and (time.monotonic() - last_plain > progress_every_s or key != last_key):
-                    if as_json:
-                        write_record({"event": "progress", "job_id": self.job_id, **progress_fields(status, elapsed_s)})
-                    else:
-                        console.print(Text("progress: " + progress_line(status, elapsed_s)), soft_wrap=True)
-                    last_plain = time.monotonic()
-                last_key = key
+                display.update(status, time.monotonic() - start)
                 if timeout_s is not None and time.monotonic() - start > timeout_s:
                     timed_out = True
                     break
                 time.sleep(poll_s)
-        except KeyboardInterrupt:
-            if as_json:
-                write_record({"event": "interrupted", "job_id": self.job_id, "text": "cancelling the job"})
-            else:
-                console.print(Text("interrupted: cancelling the job"))
+        except KeyboardInterrupt:  # SIGINT where a handler of the caller's raises it
+            self.stop_signal = signal.SIGINT
+            display.note("interrupted", "cancelling the job")
         finally:
-            if live is not None:
-                live.stop()
+            display.stop()
+            if own_latch and latch is not None:
+                latch.disarm()  # a second Ctrl-C while cancelling is the caller's again
             self.backend.cancel(self.handle)  # idempotent: ends the job, removes every process
             if pump is not None:
                 pump.join(timeout=10)
@@ -321,8 +259,22 @@ class JobRun:
         if result is None:
             raise SchedulerError(f"job {self.job_id} ended without a result; see {self.handle.log_dir}")
         if progress:
-            if as_json:
-                write_record(result.to_record())
-            else:
-                console.print(Text(result.summary()), soft_wrap=True)
+            display.result(result)
         return result
+
+
+def _stop_latch() -> tuple[StopLatch | None, bool]:
+    """The latch :meth:`JobRun.wait` watches for SIGINT and SIGTERM, and whether it armed it:
+    the process's own (``dlrover run --simulate-nodes`` armed it at its start), else one for
+    those of the two whose handling is Python's default, armed now (in the main thread only:
+    signals are handled there)."""
+    process = process_latch()
+    if process is not None and process.armed:
+        return process, False
+    if threading.current_thread() is not threading.main_thread():
+        return None, False
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+    ours = [s for s, handler in defaults.items() if signal.getsignal(s) is handler]
+    if not ours:
+        return None, False
+    return StopLatch(ours).arm(), True

@@ -32,12 +32,13 @@ SAMPLES, BATCH = 96, 4
 
 def live_job(tmp: Path, name: str, *, steps: int = 150, nodes: int = 2, nproc: int = 1, sleep_s: float = 0.1,
              max_restarts: int = 5, hang_timeout_s: float | None = None, persist_every: int = 10,
-             extra: tuple[str, ...] = ()) -> Job:
+             extra: tuple[str, ...] = (), virtual_local_rank: bool = False) -> Job:
     return Job(
         name=name, entrypoint=str(SCRIPTS / "live_train.py"),
         args=["--steps", str(steps), "--samples", str(SAMPLES), "--batch", str(BATCH), "--step-sleep", str(sleep_s),
               "--out", str(tmp / "out"), "--pace-file", str(tmp / "pace"), *extra],
-        nodes=Nodes(min=nodes, max=nodes, nproc_per_node=nproc), accelerator="cpu",
+        nodes=Nodes(min=nodes, max=nodes, nproc_per_node=nproc, virtual_local_rank=virtual_local_rank),
+        accelerator="cpu",
         checkpoint=Checkpoint(dir=str(tmp / "ck"), persist_every_steps=persist_every),
         failure=Failure(max_restarts=max_restarts, stop_grace_s=2, hang_timeout_s=hang_timeout_s),
         log_dir=str(tmp / "runs"),
@@ -192,8 +193,10 @@ def test_the_holder_killed_while_it_sends_the_state_makes_every_worker_restart(t
 
 @pytest.mark.timeout(300)
 def test_two_workers_killed_in_quick_succession_on_a_three_worker_node(tmp_path):
+    """With ``--virtual-local-rank`` (every worker sees LOCAL_RANK=0): the live world tells the
+    node's workers apart by their real local rank (DLROVER_LOCAL_RANK)."""
     shm_before = shm_entries()
-    run = live_job(tmp_path, "live2", nodes=1, nproc=3, steps=200).submit()
+    run = live_job(tmp_path, "live2", nodes=1, nproc=3, steps=200, virtual_local_rank=True).submit()
     pids = first_pids(run, 3)
     wait_for(lambda: run.status().step >= 10, 60, "step 10")
     os.kill(pids[1], signal.SIGKILL)

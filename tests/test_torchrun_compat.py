@@ -132,6 +132,11 @@ DIFFERENCES = (
                "for the failure's root cause; torchrun's is <tmp>/.../attempt_N/<local rank>/error.json, "
                "dlrover's lies in the run directory beside the worker's log (node_<id>/round_<R>/error_rank<r>.json; "
                "a live replacement's: error_rank<r>_r<k>.json)"),
+    Difference("env:CUDA_VISIBLE_DEVICES", r"\d+", ".*",
+               "--virtual-local-rank: torchrun narrows CUDA_VISIBLE_DEVICES to the worker's device whatever the "
+               "device; dlrover narrows the accelerator's own visibility variable (cuda's is CUDA_VISIBLE_DEVICES), "
+               "and cpu, which has none, keeps it as it was (LOCAL_RANK is 0 in both)",
+               when=lambda case: case.gives("--virtual-local-rank")),
     Difference("env:TORCH_NCCL_ASYNC_ERROR_HANDLING", "1", UNSET,
                "GAP, reported: torchrun sets it to 1 (unless set) in every worker; dlrover leaves torch's own "
                "default. It changes how NCCL failures end a GPU worker, which the live recovery "
@@ -152,8 +157,8 @@ CASES = [
                            "--local-addr", "127.0.0.1")),
     Case("module", ("--nproc-per-node", "2", "-m"), entry="module"),
     Case("no-python", ("--nproc-per-node", "2", "--no-python"), entry="exec"),
-    Case("run-path-start-method-signals", ("--nproc-per-node", "2", "--run-path", "--start-method", "fork",
-                                           "--signals-to-handle", "SIGTERM,SIGINT")),
+    Case("run-path-start-method-signals-vlr", ("--nproc-per-node", "2", "--run-path", "--start-method", "fork",
+                                               "--signals-to-handle", "SIGTERM,SIGINT", "--virtual-local-rank")),
     Case("max-restarts-monitor-shutdown", ("--nproc-per-node", "2", "--max-restarts", "2", "--monitor-interval",
                                            "0.5", "--shutdown-timeout", "5"), args=("--fail-first",)),
     Case("log-dir-redirects-tee", ("--nproc-per-node", "2", "--log-dir", "logs", "-r", "0:3", "-t", "1:3")),
@@ -324,11 +329,12 @@ def test_every_difference_is_still_there(request, outcomes):
 
 def test_cases_cover_every_accepted_flag():
     """Each accepted torchrun flag is on a command line of CASES (but --event-log-handler: its
-    one accepted value is the default)."""
+    one accepted value is the default; and --numa-binding, which needs GPUs: where there is none
+    both launchers refuse it, tests/test_worker_placement.py)."""
     used = {f for case in CASES for f in (*case.flags, *(f for h in case.hosts for f in h))}
     unused = {names[0] for dest, names in _torch_options().items() if dest not in _rejected_dests()
               and not used & set(names)}
-    assert unused == {"--event-log-handler"}
+    assert unused == {"--event-log-handler", "--numa-binding"}
 
 
 # ----- the flags ---------------------------------------------------------------------------------
@@ -414,11 +420,10 @@ def test_nproc_per_node_cpu_counts_cores_as_torchrun():
 @pytest.mark.parametrize("flag", sorted(cli._REJECTED))
 def test_rejected_flags_are_one_line_naming_the_flag(flag, tmp_path):
     spellings = [flag, "--" + flag[2:].replace("-", "_")]
-    value = [] if flag == "--virtual-local-rank" else ["node"]
     for spelling in spellings:
-        _assert_refused([spelling, *value], flag, tmp_path)
+        _assert_refused([spelling, "x"], flag, tmp_path)
     dest = flag[2:].replace("-", "_").upper()
-    if flag not in ("--logs-specs", "--numa-binding"):  # torch reads these two from the command line only
+    if flag != "--logs-specs":  # torch reads it from the command line only
         _assert_refused([], flag, tmp_path, env={f"PET_{dest}": "1"})
 
 

@@ -7,6 +7,8 @@ from typing import Any, ClassVar
 
 import attrs
 
+from dlrover_core.errors import DeviceError
+
 __all__ = ["Accelerator", "DeviceReport", "NodeCheckResult"]
 
 
@@ -87,6 +89,21 @@ class Accelerator(abc.ABC):
     def worker_env(self, local_rank: int, local_world_size: int) -> dict[str, str]:
         """Environment variables for the worker with ``local_rank`` (e.g. visible devices)."""
         return {}
+
+    def numa_nodes(self) -> tuple[int, ...]:
+        """The NUMA node of each device this node's workers use, in device order (the worker
+        with local rank ``i`` uses device ``i``), for ``Nodes(numa_binding=...)`` (torchrun's
+        ``--numa-binding``; :mod:`dlrover_core.accelerators.numa` binds each worker to CPUs
+        near its device). :func:`dlrover_core.backend.pci_numa_node` reads a PCI device's.
+
+        Raises:
+            DeviceError: this accelerator's devices have no NUMA node to bind near (the
+                default: no device, e.g. cpu), naming the option and the fix.
+        """
+        raise DeviceError(
+            f"--numa-binding (nodes.numa_binding) binds each worker to the CPUs near its device, and the "
+            f"{self.name} accelerator has no device with a NUMA node to bind near (torchrun fails the same way "
+            "where there is no GPU); leave the option out, or run on an accelerator that has such devices (cuda)")
 
     def device_for(self, local_rank: int) -> Any:
         """The ``torch.device`` a worker with ``local_rank`` should use."""

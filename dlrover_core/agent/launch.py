@@ -12,11 +12,13 @@ import sys
 from typing import Any
 
 from dlrover_core import env
+from dlrover_core.accelerators.numa import cpu_ranges, cpus_to_bind
+from dlrover_core.errors import DeviceError
 from dlrover_core.protocol.messages import PollState, RoundAssignment
 from dlrover_core.scheduler_backend import ProcessSpec
 from dlrover_core.spec import JobSpec
 
-__all__ = ["preview_workers", "worker_argv", "worker_env"]
+__all__ = ["check_placement", "placement_env", "preview_workers", "worker_argv", "worker_env"]
 
 
 def worker_argv(job: JobSpec, python: str | None = None) -> list[str]:
@@ -48,12 +50,15 @@ def worker_env(
     agent_pid: int,
     agent_token: int = 0,
     error_file: str = "",
+    bind_cpus: bool = True,
 ) -> dict[str, str]:
     """The variables set for one worker on top of the agent's environment.
 
     ``world`` is the master's answer to a rendezvous poll: the round the node's workers start in.
     ``error_file``: the worker's ``TORCHELASTIC_ERROR_FILE`` (one per worker and incarnation,
     as torchrun gives it), where torch's ``@record`` writes the exception the worker dies of.
+    ``bind_cpus``: with ``nodes.numa_binding``, choose the worker's CPUs here (:func:`placement_env`;
+    ``False`` in a preview, where they are chosen on the node when the worker starts).
     """
     nproc = world.nproc
     rank = world.rank_offset + local_rank
@@ -93,7 +98,66 @@ def worker_env(
         variables["OMP_NUM_THREADS"] = "1"  # as torchrun does: N workers must not each take every core
     variables.update(accelerator.worker_env(local_rank, nproc))
     variables.update(job.env)
+    variables.update(placement_env(job, local_rank, accelerator, environ={**os.environ, **job.env}, bind_cpus=bind_cpus))
     return variables
+
+
+def placement_env(job: JobSpec, local_rank: int, accelerator: Any, *, environ: dict[str, str] | None = None,
+                  bind_cpus: bool = True) -> dict[str, str]:
+    """The variables that place one worker on its device and CPUs (torchrun's
+    ``--virtual-local-rank`` and ``--numa-binding``):
+
+    * always ``DLROVER_LOCAL_RANK``: the worker's local rank on its node;
+    * with ``nodes.virtual_local_rank``: ``LOCAL_RANK=0`` and the accelerator's visibility
+      variable (``accelerator.visible_devices_env``, ``CUDA_VISIBLE_DEVICES``) narrowed to the
+      ``local_rank``-th entry of its value in ``environ`` (the agent's, with ``job.env`` on
+      top), or to ``local_rank`` where it is unset, as torch's
+      ``LocalElasticAgent._set_local_rank_env``; an accelerator without one (cpu) gets none
+      (torchrun sets ``CUDA_VISIBLE_DEVICES`` whatever the device);
+    * with ``nodes.numa_binding`` (and ``bind_cpus``): ``DLROVER_CPU_AFFINITY``, the CPUs near
+      device ``local_rank`` (:func:`dlrover_core.accelerators.numa.cpus_to_bind`, from
+      ``accelerator.numa_nodes()``), which the worker's launcher applies.
+
+    Raises:
+        DeviceError: a worker without a device of its own under ``virtual_local_rank``, or a
+            binding that cannot apply here (no device with a NUMA node, no such topology);
+            the message names the option.
+    """
+    environ = os.environ if environ is None else environ
+    variables = {env.LOCAL_RANK: str(local_rank)}
+    if job.nodes.virtual_local_rank:
+        variables["LOCAL_RANK"] = "0"
+        name = accelerator.visible_devices_env
+        if name:
+            parent = environ.get(name)
+            if parent is None:
+                variables[name] = str(local_rank)
+            else:
+                entries = [e.strip() for e in parent.split(",")]
+                if local_rank >= len(entries):
+                    raise DeviceError(f"--virtual-local-rank (nodes.virtual_local_rank): the worker with local rank "
+                                      f"{local_rank} has no device of its own: {name}={parent!r} lists "
+                                      f"{len(entries)}; start at most {len(entries)} workers per node")
+                variables[name] = entries[local_rank]
+    if job.nodes.numa_binding is not None and bind_cpus:
+        cpus = cpus_to_bind(job.nodes.numa_binding, device=local_rank, device_nodes=accelerator.numa_nodes())
+        variables[env.CPU_AFFINITY] = cpu_ranges(cpus)
+    return variables
+
+
+def check_placement(job: JobSpec, accelerator: Any, nproc: int) -> None:
+    """Compute every local rank's placement (:func:`placement_env`) on this machine, so a
+    binding that cannot apply stops the job before anything starts (``dlrover run``, and
+    ``Job.run()`` on a scheduler whose nodes use this machine's devices) instead of failing
+    each worker's start.
+
+    Raises:
+        DeviceError: as :func:`placement_env`.
+    """
+    if job.nodes.numa_binding is None and not job.nodes.virtual_local_rank:
+        return
+    for local_rank in range(nproc):
+        placement_env(job, local_rank, accelerator, environ={**os.environ, **job.env})
 
 
 def preview_workers(
@@ -137,10 +201,12 @@ def preview_workers(
                 job, job_id=job_id, node_id=node_rank, world=world, local_rank=local_rank,
                 master_addr=master_addr, accelerator=accelerator,
                 progress_file=f"{log_dir}/node_{node_rank}/round_0/progress_rank{rank}.jsonl",
-                log_dir=log_dir, agent_pid=0,
+                log_dir=log_dir, agent_pid=0, bind_cpus=False,
             )
             variables.update(extra_env or {})
             variables["MASTER_PORT"] = "<fresh port per round, chosen by the master>"
+            if job.nodes.numa_binding is not None:
+                variables[env.CPU_AFFINITY] = f"<CPUs near device {local_rank}, chosen on the node at start>"
             variables[env.WATCH_PID] = "<pid of the agent>"
             workers.append(ProcessSpec(
                 role="worker", name=f"rank-{rank}", argv=tuple(worker_argv(job, python)), env=variables,

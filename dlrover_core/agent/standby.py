@@ -30,7 +30,8 @@ import sys
 import threading
 
 import dlrover_core.train  # noqa: F401  (what workers import, before they are needed)
-from dlrover_core.env import STANDBY_READY_FD
+from dlrover_core.accelerators.numa import parse_cpu_ranges
+from dlrover_core.env import CPU_AFFINITY, STANDBY_READY_FD
 from dlrover_core.plugins import get_host, reset_host
 from dlrover_core.train.progress import install_excepthook
 
@@ -140,6 +141,22 @@ def _run(argv: list[str]) -> None:
         runpy.run_path(script, run_name="__main__")
 
 
+def _bind_cpus() -> None:
+    """Bind every thread of this process to the CPUs in ``DLROVER_CPU_AFFINITY``
+    (``--numa-binding``), as torch binds a worker that is a function
+    (``torch.numa.binding._bind_all_threads_in_current_process_to_logical_cpus``): a fresh
+    worker is bound before its program starts; a standby, already running, at activation."""
+    value = os.environ.get(CPU_AFFINITY)
+    if not value or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = parse_cpu_ranges(value)
+    os.sched_setaffinity(0, cpus)
+    with contextlib.suppress(OSError):
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError, ValueError):  # a thread may have ended meanwhile
+                os.sched_setaffinity(int(tid), cpus)
+
+
 def _say_ready() -> None:
     """One byte on the agent's pipe: warm now (the agent prefers a fresh process before)."""
     fd = int(os.environ.pop(STANDBY_READY_FD, "-1"))
@@ -164,6 +181,7 @@ def main() -> None:
     os.environ.clear()
     os.environ.update(spec["env"])
     os.chdir(spec["cwd"])
+    _bind_cpus()
     threads = os.environ.get("OMP_NUM_THREADS")
     if threads:
         import torch  # heavy (imported by _preload already)

@@ -22,7 +22,15 @@ import time
 from typing import Any
 
 from dlrover_core import DeviceError, hookimpl
-from dlrover_core.backend import TOOL_TIMEOUT_S, Accelerator, DeviceReport, NodeCheckResult, get_logger, try_import
+from dlrover_core.backend import (
+    TOOL_TIMEOUT_S,
+    Accelerator,
+    DeviceReport,
+    NodeCheckResult,
+    get_logger,
+    pci_numa_node,
+    try_import,
+)
 from dlrover_plugin_cuda._probe import (
     Gpu,
     TorchCuda,
@@ -65,6 +73,8 @@ class CudaAccelerator(Accelerator):
     tool_timeout_s: float = TOOL_TIMEOUT_S
     #: Prefer NVML (``pynvml``) over ``nvidia-smi`` when it imports.
     use_nvml: bool = True
+    #: Where sysfs is mounted (a GPU's NUMA node: ``<sysfs>/bus/pci/devices/<address>/numa_node``).
+    sysfs: str = "/sys"
     #: A torch without CUDA makes GPUs absent (nobody could use them).
     require_torch_cuda: bool = True
     #: Node check: matrix side (elements) and timed repetitions of the matmul.
@@ -82,6 +92,7 @@ class CudaAccelerator(Accelerator):
             self.use_nvml = use_nvml
         if require_torch_cuda is not None:
             self.require_torch_cuda = require_torch_cuda
+        self._numa_nodes: tuple[int, ...] | None = None
 
     # ----- probe ---------------------------------------------------------------------------
 
@@ -194,6 +205,38 @@ class CudaAccelerator(Accelerator):
         selects ``cuda:<LOCAL_RANK>`` (see :meth:`device_for`); narrowing visibility per worker
         would break CUDA IPC and NVLink peer access between the workers of a node."""
         return {}
+
+    def numa_nodes(self) -> tuple[int, ...]:
+        """The NUMA node of each visible GPU, in ``CUDA_VISIBLE_DEVICES`` order: its PCI
+        address from NVML or ``nvidia-smi`` (``pci.bus_id``), then that PCI device's
+        ``numa_node`` in sysfs, as torch's ``--numa-binding`` finds it (torch asks CUDA for the
+        address). Read once per accelerator object (an agent asks at every worker start).
+
+        Raises:
+            DeviceError: neither NVML nor nvidia-smi answered, no GPU is visible, or a GPU's
+                PCI address or NUMA node is unknown (a MIG instance named without its GPU).
+        """
+        if self._numa_nodes is None:
+            inventory, why = None, None
+            if self.use_nvml:
+                nvml, _ = try_import("pynvml")
+                if nvml is not None:
+                    inventory, why = read_nvml(nvml, timeout_s=self.tool_timeout_s)
+            if inventory is None:
+                inventory, why = query_nvidia_smi(timeout_s=self.tool_timeout_s)
+            if inventory is None:
+                raise DeviceError(f"--numa-binding: cannot tell which NUMA node each GPU is on: {why}")
+            visible, _ = select_visible(inventory.gpus, os.environ.get(self.visible_devices_env or ""))
+            if not visible:
+                raise DeviceError("--numa-binding: no GPU is visible here to bind the workers near")
+            nodes = []
+            for gpu in visible:
+                if not gpu.pci_bus_id:
+                    raise DeviceError(f"--numa-binding: the PCI address of GPU {gpu.uuid or gpu.index} is unknown "
+                                      "(a MIG instance is named by its GPU's UUID: MIG-GPU-<uuid>/...)")
+                nodes.append(pci_numa_node(gpu.pci_bus_id, sysfs=self.sysfs))
+            self._numa_nodes = tuple(nodes)
+        return self._numa_nodes
 
     def device_for(self, local_rank: int) -> Any:
         """``torch.device("cuda", local_rank)``: the ``local_rank``-th visible GPU."""

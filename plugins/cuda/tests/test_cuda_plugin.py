@@ -63,7 +63,7 @@ def test_plugins_list_shows_it():
     """`dlrover plugins list --json` shows the plugin with its version and backend."""
     result = CliRunner().invoke(cli, ["plugins", "list", "--json"])
     assert result.exit_code == 0, result.output
-    (cuda,) = [p for p in json.loads(result.output) if p["name"] == "cuda"]
+    (cuda,) = [p for p in json.loads(result.stdout) if p["name"] == "cuda"]
     assert cuda["distribution"] == "dlrover-plugin-cuda" and cuda["version"] == "0.1.0"
     assert cuda["backends"] == {"accelerator": ["cuda"]}
 

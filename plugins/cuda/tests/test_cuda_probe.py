@@ -23,6 +23,7 @@ import pytest
 import torch
 from structlog.testing import capture_logs
 
+from dlrover_core import DeviceError
 from dlrover_plugin_cuda import CudaAccelerator, _accelerator, _probe
 from dlrover_plugin_cuda._probe import BASE_FIELDS, HEALTH_FIELDS, TorchCuda, parse_smi_csv, select_visible
 
@@ -241,6 +242,23 @@ def test_cuda_visible_devices_subset(smi, monkeypatch, value, count, first_uuid)
                                               BASE_FIELDS + HEALTH_FIELDS)[0], value)
     assert visible[0].uuid.startswith(first_uuid)
     assert report.healthy == tuple(g.index != 1 for g in visible)
+
+
+def test_each_visible_gpus_numa_node_comes_from_its_pci_address(smi, monkeypatch, tmp_path):
+    """--numa-binding: the NUMA node of each GPU the workers see, in CUDA_VISIBLE_DEVICES order,
+    is its PCI device's in sysfs (-1, one node, reads 0), as torch finds it."""
+    smi(FOUR_H100)
+    for bus, node in (("18", "0"), ("2a", "-1"), ("3a", "1"), ("5d", "1")):
+        path = tmp_path / "sys" / "bus" / "pci" / "devices" / f"0000:{bus}:00.0" / "numa_node"
+        path.parent.mkdir(parents=True)
+        path.write_text(node + "\n")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,0,1")
+    gpus = acc()
+    gpus.sysfs = str(tmp_path / "sys")
+    assert gpus.numa_nodes() == (1, 0, 0)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(DeviceError, match="--numa-binding: no GPU is visible"):
+        acc().numa_nodes()
 
 
 def test_cuda_visible_devices_invalid_entry_stops(smi, monkeypatch):

@@ -140,6 +140,7 @@ from dlrover_core.protocol.messages import (
     Register,
     RestorePlanRequest,
 )
+from dlrover_core.protocol.progress import StepRecord
 from dlrover_core.spec import HEARTBEAT_RATE_PER_S, JobSpec, auto_heartbeat
 from dlrover_core.storage import PosixStorage
 
@@ -479,7 +480,7 @@ class SimAgent:
             self.step += 1
             records = ()
             if self.node_id == 0:
-                records = ({"type": "step", "step": self.step, "dt": 0.1, "t": time.time(), "metrics": {"loss": 1.0}},)
+                records = (StepRecord(step=self.step, rank=0, dt_s=0.1, unix_time_s=time.time(), metrics={"loss": 1.0}),)
             beat = Heartbeat(node_id=self.node_id, round=0, workers={self.node_id: self.pid + 1},
                              steps={self.node_id: self.step}, records=records, pid=self.pid)
         _, sent, latency = await self.exchange(beat, self.beat)

@@ -10,7 +10,8 @@ plugins to this.
 What is here, by kind of backend:
 
 - **accelerators**: :class:`Accelerator`, :class:`DeviceReport`, :class:`NodeCheckResult`,
-  :func:`run_tool` / :func:`try_import` / :func:`cpu_only_torch` / :data:`TOOL_TIMEOUT_S` (probing a vendor tool);
+  :func:`run_tool` / :func:`try_import` / :func:`cpu_only_torch` / :data:`TOOL_TIMEOUT_S` (probing a vendor tool),
+  :func:`pci_numa_node` (a PCI device's NUMA node, for ``Accelerator.numa_nodes``);
 - **schedulers**: :class:`SchedulerBackend` (a template: a backend implements
   ``build_plan`` and ``execute``), :class:`Capabilities`, :class:`SchedulerOption` (options as
   data) and :class:`OptionValue`, :class:`Plan`, :class:`ProcessSpec`, :class:`JobHandle`;
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 from dlrover_core import env
 from dlrover_core.accelerators.base import Accelerator, DeviceReport, NodeCheckResult
+from dlrover_core.accelerators.numa import pci_numa_node
 from dlrover_core.accelerators.tools import TOOL_TIMEOUT_S, ToolOutput, cpu_only_torch, run_tool, try_import
 from dlrover_core.agent.launch import preview_workers
 from dlrover_core.checkpoint.shm import SHM_DIR, remove_segments
@@ -104,6 +106,7 @@ __all__ = [
     "get_logger",
     "hookimpl",
     "master_retrying",
+    "pci_numa_node",
     "preview_workers",
     "read_result",
     "remove_segments",

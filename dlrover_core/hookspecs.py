@@ -110,6 +110,18 @@ def dlrover_register_parallel_strategies(register: Register) -> None:
     wraps the model's ``forward``. Every rank runs the same strategies in the same order,
     so collectives inside them (mesh creation, sharding) match up.
 
+    Declare whether the strategy keeps the training state replicated:
+    ``register(fn, name="...", replicated=True)`` when after it every data-parallel rank
+    still holds the whole model and optimizer state (``ddp``, ``amp``, ``compile``,
+    ``checkpoint``), so a live peer can give a replacement its state and a job's failures
+    can be recovered without stopping the survivors (``Failure.live_recovery``);
+    ``replicated=False`` when it shards the state (``fsdp``, ``mesh``, ``auto``). A strategy
+    registered without ``replicated`` is treated as not replicated: a job that uses it
+    restarts every worker from a checkpoint on a failure. ``Job.dryrun()``, ``submit()``
+    and ``run()`` copy the declarations of the job's strategies into the spec
+    (``Parallel.replicated``), so the master, agents and workers agree without loading
+    plugins.
+
     Return value is ignored. Implemented by the core (``mesh``, ``ddp``, ``fsdp``, ``amp``,
     ``checkpoint``, ``compile``, ``auto``) and strategy plugins. The core checks its own
     names' options and conflicts when a ``Parallel`` is built; a plugin validates its
@@ -127,9 +139,10 @@ def dlrover_on_job_event(event: Any) -> None:
     """Observe a job event in the job master.
 
     ``event`` is a :class:`~dlrover_core.protocol.JobEvent` with ``kind`` one of
-    ``rendezvous_completed``, ``worker_failed``, ``workers_restarted``,
-    ``checkpoint_committed``, ``checkpoint_restored``, ``job_finished`` (more may be added;
-    ignore kinds you do not know) and ``data``, a JSON-safe dict.
+    :class:`~dlrover_core.protocol.EventKind` (str-valued: ``rendezvous_completed``,
+    ``worker_failed``, ``workers_restarted``, ``checkpoint_committed``,
+    ``checkpoint_restored``, ``job_finished``...; its members list each kind's data fields;
+    more may be added, ignore kinds you do not know) and ``data``, a JSON-safe dict.
 
     Return value is ignored. Exceptions are logged and swallowed: an observer never stops
     the job. Called on the master's thread, so do not block (queue slow work).

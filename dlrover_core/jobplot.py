@@ -15,8 +15,10 @@ What a job directory holds and what is read from it:
 
 * ``events.jsonl``: the master's events; ``time_s`` (seconds since the master started) is
   the time axis; ``unix_time_s`` lines progress records up with it;
-* ``node_<n>/round_<r>/progress_rank<k>*.jsonl``: what each worker reported (``step``
-  records with ``t``, a Unix time, ``dt`` and ``metrics``; ``live`` records);
+* ``node_<n>/round_<r>/progress_rank<k>*.jsonl``: what each worker reported, read through
+  :mod:`dlrover_core.protocol.progress` (step records with their Unix time, step time and
+  metrics; live re-forms); files written before the records were typed read the same, and
+  record types this version does not know are skipped;
 * ``result.json`` (else ``goodput.json``; the master writes both as the job ends): the
   goodput totals. The master keeps totals only, so they are drawn as one bar of totals, not
   as a timeline; while the job runs there is none.
@@ -35,8 +37,10 @@ from typing import Any
 
 import attrs
 
-from dlrover_core.errors import DLRoverError
+from dlrover_core.errors import DLRoverError, ProtocolError
 from dlrover_core.logging import get_logger
+from dlrover_core.protocol.events import EventKind
+from dlrover_core.protocol.progress import LiveRecord, ProgressRecord, StepRecord, read_line
 
 __all__ = [
     "Commit",
@@ -288,17 +292,36 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data
 
 
+def _read_progress(path: Path) -> Iterable[ProgressRecord]:
+    """The progress records of ``path``; a line that is no well-formed record (being written:
+    the job runs; or damaged) is skipped and counted in a ``jobplot_lines_skipped`` event, a
+    record of a type this version does not know is skipped silently."""
+    skipped = 0
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = read_line(line)
+        except ProtocolError:
+            skipped += 1
+            continue
+        if record is not None:
+            yield record
+    if skipped:
+        log.warning("jobplot_lines_skipped", path=str(path), lines=skipped)
+
+
 @attrs.frozen
 class _Record:
     """A progress record with where it came from."""
 
     node_id: int
     round: int
-    data: dict[str, Any]
+    data: ProgressRecord
 
 
 def _progress_records(run_dir: Path, node_id: int | None = None, round_index: int | None = None,
-                      keep: Callable[[dict[str, Any]], bool] = lambda r: True) -> list[_Record]:
+                      keep: Callable[[ProgressRecord], bool] = lambda r: True) -> list[_Record]:
     """The progress records under ``run_dir`` that ``keep`` keeps, of one node and round
     when given (a large job's records do not all fit in memory, and need not)."""
     node = "*" if node_id is None else str(node_id)
@@ -310,18 +333,24 @@ def _progress_records(run_dir: Path, node_id: int | None = None, round_index: in
             r = int(path.parent.name.removeprefix("round_"))
         except ValueError:
             continue  # not a directory the agent wrote
-        out += [_Record(n, r, d) for d in _read_json_lines(path) if keep(d)]
+        out += [_Record(n, r, d) for d in _read_progress(path) if keep(d)]
     return out
 
 
-def _is_step(record: dict[str, Any]) -> bool:
-    return (record.get("type") == "step" and isinstance(record.get("step"), int)
-            and isinstance(record.get("t"), (int, float)))
+def _is_step(record: ProgressRecord) -> bool:
+    """A step record placed in time (it has its Unix time)."""
+    return isinstance(record, StepRecord) and record.unix_time_s is not None
 
 
-def _is_rank0(record: dict[str, Any]) -> bool:
+def _time(record: ProgressRecord) -> float:
+    """The Unix time of a step or live record that has one (see :func:`_is_step`)."""
+    assert isinstance(record, (StepRecord, LiveRecord)) and record.unix_time_s is not None
+    return record.unix_time_s
+
+
+def _is_rank0(record: ProgressRecord) -> bool:
     """Rank 0's step records and live re-forms (what the time panels draw)."""
-    return record.get("rank") == 0 and (_is_step(record) or record.get("type") == "live")
+    return record.rank == 0 and (_is_step(record) or isinstance(record, LiveRecord))
 
 
 def _number(event: dict[str, Any], key: str, where: str) -> float:
@@ -385,26 +414,27 @@ def read_job(run_dir: str | Path, *, metric: str = "loss") -> JobPlotData:
         return t - start_unix
 
     records = _progress_records(run_dir, keep=_is_rank0)
-    rank0 = sorted((r for r in records if _is_step(r.data)), key=lambda r: r.data["t"])
+    rank0 = sorted((r for r in records if _is_step(r.data)), key=lambda r: _time(r.data))
     steps = _steps(rank0, metric, since_start)
 
     by_kind: dict[str, list[dict[str, Any]]] = {}
     for e in events:
         by_kind.setdefault(e["kind"], []).append(e)
-    finished = by_kind.get("job_finished", [])
+    finished = by_kind.get(EventKind.JOB_FINISHED, [])
     result = _read_json(run_dir / RESULT_FILE)
     goodput_doc = result if result is not None else _read_json(run_dir / GOODPUT_FILE)
     latest = max([e["time_s"] for e in events] + [p.time_s for p in steps])
     end_s = finished[-1]["time_s"] if finished else latest
 
-    failures = tuple(_failure(e, run_dir, rank0, since_start) for e in by_kind.get("worker_failed", []))
+    failures = tuple(_failure(e, run_dir, rank0, since_start) for e in by_kind.get(EventKind.WORKER_FAILED, []))
     recoveries = _recoveries(failures, steps)
-    commits = tuple(Commit(time_s=e["time_s"], step=int(e["step"])) for e in by_kind.get("checkpoint_committed", [])
-                    if isinstance(e.get("step"), int))
+    commits = tuple(Commit(time_s=e["time_s"], step=int(e["step"]))
+                    for e in by_kind.get(EventKind.CHECKPOINT_COMMITTED, []) if isinstance(e.get("step"), int))
     world = sorted(
         [(e["time_s"], int(e["world_size"])) for e in events
-         if e["kind"] in ("rendezvous_completed", "live_reformed") and isinstance(e.get("world_size"), int)]
-        + [(e["time_s"], 0) for e in by_kind.get("workers_restarted", [])])
+         if e["kind"] in (EventKind.RENDEZVOUS_COMPLETED, EventKind.LIVE_REFORMED)
+         and isinstance(e.get("world_size"), int)]
+        + [(e["time_s"], 0) for e in by_kind.get(EventKind.WORKERS_RESTARTED, [])])
     phases = _phases(by_kind, failures, rank0, records, steps, since_start)
 
     goodput, fraction, wall = _goodput(goodput_doc)
@@ -422,15 +452,16 @@ def read_job(run_dir: str | Path, *, metric: str = "loss") -> JobPlotData:
 def _steps(rank0: Sequence[_Record], metric: str, since_start: Callable[[float], float]) -> tuple[StepPoint, ...]:
     """Rank 0's steps; a step trained again later (after a restore, or in a newer live
     generation) is marked lost."""
+    records = [r.data for r in rank0 if isinstance(r.data, StepRecord)]
     newest_index: dict[int, int] = {}
-    for i, r in enumerate(rank0):
-        newest_index[r.data["step"]] = i
+    for i, record in enumerate(records):
+        newest_index[record.step] = i
     out = []
-    for i, r in enumerate(rank0):
-        value = (r.data.get("metrics") or {}).get(metric)
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-        out.append(StepPoint(time_s=since_start(r.data["t"]), step=r.data["step"], dt_s=float(r.data.get("dt") or 0.0),
-                             metric=float(value) if ok else None, lost=newest_index[r.data["step"]] != i))
+    for i, record in enumerate(records):
+        value = record.metrics.get(metric)
+        ok = value is not None and math.isfinite(value)
+        out.append(StepPoint(time_s=since_start(_time(record)), step=record.step, dt_s=record.dt_s,
+                             metric=value if ok else None, lost=newest_index[record.step] != i))
     return tuple(out)
 
 
@@ -442,14 +473,14 @@ def _failure(event: dict[str, Any], run_dir: Path, rank0: Sequence[_Record],
     before = reported_s + 1e-3  # the report's time is rounded to the millisecond
 
     def last(records: Iterable[_Record]) -> float | None:
-        times = [since_start(r.data["t"]) for r in records]
+        times = [since_start(_time(r.data)) for r in records]
         times = [t for t in times if t <= before]
         return max(times) if times else None
 
     own = []
     if isinstance(node_id, int) and isinstance(round_index, int):
         own = _progress_records(run_dir, node_id, round_index,
-                                keep=lambda d: _is_step(d) and (rank is None or d.get("rank") == rank))
+                                keep=lambda d: _is_step(d) and (rank is None or d.rank == rank))
     failed_s, failed_from = last(own), "progress"
     if failed_s is None:
         failed_s, failed_from = last(rank0), "rank0"
@@ -482,7 +513,7 @@ def _phases(by_kind: dict[str, list[dict[str, Any]]], failures: Sequence[Failure
     """The intervals of lost time the events and progress records place in time (see
     :data:`PHASE_LABELS`)."""
     out: list[Phase] = []
-    rounds = sorted(by_kind.get("rendezvous_completed", []), key=lambda e: e["time_s"])
+    rounds = sorted(by_kind.get(EventKind.RENDEZVOUS_COMPLETED, []), key=lambda e: e["time_s"])
     for i, f in enumerate(failures):
         # a consequence (no action of its own) of a failure reported earlier in its round was
         # detected with that one
@@ -500,17 +531,17 @@ def _phases(by_kind: dict[str, list[dict[str, Any]]], failures: Sequence[Failure
             reports = [f.reported_s for f in failures if previous <= f.reported_s <= formed]
             if reports and formed > min(reports):
                 out.append(Phase(kind="restart", start_s=min(reports), end_s=formed))
-        first = [since_start(r.data["t"]) - float(r.data.get("dt") or 0.0) for r in rank0 if r.round == index]
+        first = [since_start(_time(r.data)) - r.data.dt_s for r in rank0
+                 if r.round == index and isinstance(r.data, StepRecord)]
         first = [t for t in first if t >= formed]
         if first and min(first) > formed:
             out.append(Phase(kind="startup", start_s=formed, end_s=min(first)))
     for r in records:
         d = r.data
-        if (d.get("type") == "live" and d.get("rank") == 0 and d.get("reason") != "join"
-                and isinstance(d.get("t"), (int, float)) and isinstance(d.get("reform_s"), (int, float))
-                and d["reform_s"] > 0):
-            end = since_start(d["t"])
-            out.append(Phase(kind="reform", start_s=end - d["reform_s"], end_s=end))
+        if (isinstance(d, LiveRecord) and d.rank == 0 and d.reason != "join" and d.unix_time_s is not None
+                and d.reform_s > 0):
+            end = since_start(d.unix_time_s)
+            out.append(Phase(kind="reform", start_s=end - d.reform_s, end_s=end))
     lost = [Phase(kind="recomputed", start_s=p.time_s - p.dt_s, end_s=p.time_s) for p in steps if p.lost and p.dt_s > 0]
     out += _merge(lost, gap_s=1.0)
     return tuple(_merge(out))

@@ -83,6 +83,21 @@ def _add_process_fields(_logger: Any, _name: str, event: dict[str, Any]) -> dict
     return event
 
 
+class _CurrentStream:
+    """``sys.stdout`` or ``sys.stderr`` as they are at each write, not as they were when
+    logging was configured: a stream swapped later (pytest's capture, a redirect in the
+    script) gets the lines, and a closed one left behind is never written to."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def write(self, text: str) -> int:
+        return getattr(sys, self._name).write(text)
+
+    def flush(self) -> None:
+        getattr(sys, self._name).flush()
+
+
 def configure(level: str | None = None, fmt: str | None = None) -> None:
     """Configure structlog for this process (idempotent; later calls reconfigure).
 
@@ -107,7 +122,7 @@ def configure(level: str | None = None, fmt: str | None = None) -> None:
             structlog.processors.dict_tracebacks,
             structlog.processors.JSONRenderer(default=str),
         ]
-        out = sys.stdout
+        out = _CurrentStream("stdout")
     else:
         processors = [
             structlog.contextvars.merge_contextvars,
@@ -116,7 +131,7 @@ def configure(level: str | None = None, fmt: str | None = None) -> None:
             structlog.processors.format_exc_info,
             structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty(), pad_event_to=0),
         ]
-        out = sys.stderr
+        out = _CurrentStream("stderr")
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level, logging.INFO)),

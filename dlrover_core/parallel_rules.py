@@ -13,6 +13,21 @@ the data groups are ``[0, 1]`` and ``[2, 3]``, the tensor groups ``[0, 2]`` and 
 :func:`mesh_groups` computes these groups; the ``mesh`` strategy builds the same layout as a
 torch ``DeviceMesh`` (whose own layout is row-major: last dimension fastest, so it is built
 with the dimensions reversed).
+
+Replicated state (whether a job's failures can be recovered live, docs/design.md §5a): a
+live peer can give a replacement the training state only if every data-parallel rank holds
+all of it. Each strategy declares whether it keeps the state so when it registers
+(``register(fn, name="ddp", replicated=True)``; one that does not say is taken to shard
+it). The spec is plain data and loads no plugin (docs/architecture.md), so the declaration
+reaches it as data, in two ways: the built-ins' declarations are listed here as well
+(:data:`REPLICATED_BUILTINS`; ``tests/test_parallel.py`` checks they match what the
+built-ins register), which is all a spec that never met the plugin registry (built and
+handed to a master in a test, or decoded from an older ``job.json``) can know; and
+``Job.dryrun()``/``submit()``/``run()``, where the plugins are loaded, resolve every
+strategy's declaration from the registry into ``Parallel.replicated``
+(:func:`dlrover_core.validation.declare_replicated`), which then wins. From either,
+:func:`first_unreplicated` gives the strategy that rules live recovery out, and
+``JobSpec.live_blocker`` the reason, once, for the master, the agents and the workers.
 """
 
 from __future__ import annotations
@@ -20,7 +35,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from dlrover_core.errors import JobSpecError
@@ -28,9 +43,11 @@ from dlrover_core.errors import JobSpecError
 __all__ = [
     "AUTO_DEFAULTS",
     "DATA_PARALLEL",
+    "REPLICATED_BUILTINS",
     "auto_rule_text",
     "check_strategies",
     "describe",
+    "first_unreplicated",
     "mesh_groups",
     "normalize_mesh_dims",
     "resolve_mesh_dims",
@@ -38,6 +55,11 @@ __all__ = [
 
 #: Strategies that replicate or shard the model over the data-parallel ranks; at most one.
 DATA_PARALLEL = ("ddp", "fsdp", "auto")
+
+#: The built-in strategies that keep the training state whole on every data-parallel rank
+#: (each registers with ``replicated=True``); ``fsdp``, ``mesh`` and ``auto`` (which may
+#: choose fsdp) do not.
+REPLICATED_BUILTINS = frozenset({"ddp", "amp", "compile", "checkpoint"})
 
 #: Thresholds of ``Parallel("auto")`` (fractions of one worker's device memory).
 AUTO_DEFAULTS = {"shard_above": 0.5, "checkpoint_above": 0.5}
@@ -195,6 +217,21 @@ def check_strategies(strategies: Sequence[tuple[str, Mapping[str, Any]]]) -> Non
             raise JobSpecError(field, name, "'mesh' listed first: the strategies after it use the mesh")
         _check_options(name, options, field)
         seen[name] = i
+
+
+def first_unreplicated(names: Sequence[str], replicated: Collection[str] | None = None) -> str | None:
+    """The first of ``names`` (a job's strategies, in order) that does not keep the training
+    state replicated on every data-parallel rank; ``None`` when all do.
+
+    Args:
+        names: the strategies' names.
+        replicated: the names whose registrations declared replicated state, resolved from
+            the plugin registry (``Parallel.replicated``); ``None`` when not resolved: then
+            the built-ins' declarations (:data:`REPLICATED_BUILTINS`) hold and any other
+            name counts as sharding the state.
+    """
+    declared = REPLICATED_BUILTINS if replicated is None else frozenset(replicated)
+    return next((name for name in names if name not in declared), None)
 
 
 def auto_rule_text(options: Mapping[str, Any] | None = None) -> str:

@@ -209,9 +209,11 @@ class PluginHost:
             for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
                 info = self.plugins[impl.plugin_name]
 
-                def register(obj: Any, name: str | None = None, *, _info: PluginInfo = info, _registry=registry) -> None:
+                def register(obj: Any, name: str | None = None, *, replicated: bool | None = None,
+                             _info: PluginInfo = info, _registry=registry) -> None:
                     try:
-                        entry = _registry.register(obj, name, plugin=_info.name, distribution=_info.distribution)
+                        entry = _registry.register(obj, name, plugin=_info.name, distribution=_info.distribution,
+                                                   replicated=replicated)
                     except PluginError as exc:
                         _info.errors.append(f"register: {exc}")
                         log.warning("plugin_register_failed", plugin=_info.name, error=str(exc))

@@ -18,13 +18,22 @@ __all__ = ["KINDS", "Entry", "Registries", "Registry"]
 
 @attrs.frozen(kw_only=True)
 class Entry:
-    """One registered backend: its name, the object, and which plugin registered it."""
+    """One registered backend: its name, the object, which plugin registered it, and what it
+    declared with it.
+
+    Attributes:
+        replicated: a parallel strategy keeps the training state whole on every
+            data-parallel rank (``register(fn, name=..., replicated=True)``), so failures can
+            be recovered live; ``False`` when it shards the state or did not say, and for
+            every other kind of backend.
+    """
 
     kind: str
     name: str
     obj: Any
     plugin: str
     distribution: str | None
+    replicated: bool = False
 
 
 def _subclass_of(base: type) -> Callable[[Any], str | None]:
@@ -64,15 +73,25 @@ class Registry:
         self._entries: dict[str, Entry] = {}
         self._conflicts: dict[str, list[Entry]] = {}
 
-    def register(self, obj: Any, name: str | None = None, *, plugin: str, distribution: str | None) -> Entry:
-        """Add ``obj`` under ``name`` (default: ``obj.name``). Raises PluginError if malformed."""
+    def register(self, obj: Any, name: str | None = None, *, plugin: str, distribution: str | None,
+                 replicated: bool | None = None) -> Entry:
+        """Add ``obj`` under ``name`` (default: ``obj.name``); ``replicated``: what a parallel
+        strategy declares (see :class:`Entry`; ``None``: it did not say, so ``False``).
+        Raises PluginError if malformed."""
         problem = self._validate(obj)
         if problem:
             raise PluginError(f"plugin {plugin!r} registered a malformed {self.kind}: {problem}")
         name = name if name is not None else getattr(obj, "name", None)
         if not isinstance(name, str) or not name:
             raise PluginError(f"plugin {plugin!r} registered a {self.kind} without a name: {obj!r}")
-        entry = Entry(kind=self.kind, name=name, obj=obj, plugin=plugin, distribution=distribution)
+        if replicated is not None and self.kind != "parallel_strategy":
+            raise PluginError(f"plugin {plugin!r} registered {self.kind} {name!r} with replicated={replicated!r}: only "
+                              "parallel strategies declare it; leave it out")
+        if replicated is not None and not isinstance(replicated, bool):
+            raise PluginError(f"plugin {plugin!r} registered parallel strategy {name!r} with replicated={replicated!r}: "
+                              "pass True (every data-parallel rank keeps the whole training state) or False")
+        entry = Entry(kind=self.kind, name=name, obj=obj, plugin=plugin, distribution=distribution,
+                      replicated=bool(replicated))
         if name in self._entries:
             self._conflicts.setdefault(name, [self._entries[name]]).append(entry)
             raise PluginError(self._conflict_message(name))

@@ -25,10 +25,15 @@ import attrs
 import cattrs
 
 from dlrover_core.errors import JobSpecError
-from dlrover_core.parallel_rules import check_strategies, describe, normalize_mesh_dims
+from dlrover_core.parallel_rules import check_strategies, describe, first_unreplicated, normalize_mesh_dims
 
 __all__ = ["Checkpoint", "Failure", "JobSpec", "Nodes", "Optimizer", "Parallel", "NAME_PATTERN", "MODULE_PATTERN",
-           "HEARTBEAT_RATE_PER_S", "auto_heartbeat"]
+           "HEARTBEAT_RATE_PER_S", "NUMA_MODES", "auto_heartbeat"]
+
+
+#: The modes of ``Nodes.numa_binding`` (``dlrover run --numa-binding``): torch's ``AffinityMode``
+#: values (``torch/numa/binding.py``); :mod:`dlrover_core.accelerators.numa` applies them.
+NUMA_MODES = ("node", "socket", "exclusive", "core-complex")
 
 
 # ----- small validators --------------------------------------------------------------------
@@ -92,6 +97,20 @@ class Nodes:
         last_call_s: once ``min`` nodes wait, how long a round waits for more before it
             starts without them (torch elastic's ``last_call_timeout``).
         join_timeout_s: how long an agent waits for a round to complete before giving up.
+        numa_binding: bind each worker (its process and every thread) to CPUs near the device
+            it uses, the one whose index is its local rank (torchrun's ``--numa-binding``, the
+            modes of torch's ``AffinityMode``): ``"node"`` the CPUs of the device's NUMA node;
+            ``"socket"`` those of every NUMA node of the device's socket; ``"exclusive"`` an equal
+            share of the node's physical cores per device on that node; ``"core-complex"`` one
+            group of cores sharing a last-level cache per device. Only the CPUs the agent may
+            use count (:mod:`dlrover_core.accelerators.numa` gives the rules). ``None`` (the
+            default, as torchrun's): no binding. Needs an accelerator whose devices have a NUMA
+            node (cuda); elsewhere the workers cannot start and the job is refused, naming it.
+        virtual_local_rank: every worker sees ``LOCAL_RANK=0`` and only its own device: the
+            accelerator's visibility variable (``CUDA_VISIBLE_DEVICES``) narrowed to the entry at
+            its local rank, as torchrun's ``--virtual-local-rank``; on cpu, which has none, only
+            ``LOCAL_RANK`` changes. ``DLROVER_LOCAL_RANK`` keeps the worker's place on its node
+            (live recovery tells a node's workers apart by it).
     """
 
     min: int = 1
@@ -100,6 +119,8 @@ class Nodes:
     node_unit: int = 1
     last_call_s: float = 3.0
     join_timeout_s: float = 600.0
+    numa_binding: str | None = None
+    virtual_local_rank: bool = False
 
     @max.default
     def _max_default(self) -> int:
@@ -121,6 +142,12 @@ class Nodes:
         if isinstance(self.last_call_s, bool) or not isinstance(self.last_call_s, (int, float)) or self.last_call_s < 0:
             raise JobSpecError("nodes.last_call_s", self.last_call_s, "a number of seconds >= 0")
         _positive_number("nodes.join_timeout_s", self.join_timeout_s)
+        if self.numa_binding is not None and self.numa_binding not in NUMA_MODES:
+            raise JobSpecError("nodes.numa_binding", self.numa_binding,
+                               f"None (no binding) or one of {', '.join(map(repr, NUMA_MODES))} (torchrun's "
+                               "--numa-binding modes); 'node' if in doubt")
+        if not isinstance(self.virtual_local_rank, bool):
+            raise JobSpecError("nodes.virtual_local_rank", self.virtual_local_rank, "True or False")
 
     @classmethod
     def parse(cls, value: Nodes | int | str | Mapping[str, Any]) -> Nodes:
@@ -204,8 +231,9 @@ class Failure:
         live_recovery: when a worker or node fails and the training state is replicated
             (``ddp``; a script that loops with ``train.steps()``), the surviving workers keep
             training in a smaller process group and the replacement rejoins with their live
-            state (DESIGN §5a); otherwise, or with ``False``, every worker restarts from a
-            checkpoint. Which path ran, and why, is in the log and the ``JobResult``.
+            state (docs/design.md §5a); otherwise, or with ``False``, every worker restarts from a
+            checkpoint. Which path ran, and why, is in the log and the ``JobResult``; whether
+            a job can recover live at all is :attr:`JobSpec.live_blocker`.
     """
 
     max_restarts: int = 3
@@ -328,11 +356,19 @@ class Parallel:
         strategies: ``(name, options)`` pairs, in the order they are applied; options are
             JSON values (tuples become lists), ``("mesh", dims)`` becomes
             ``("mesh", {"dims": [[name, size], ...]})``.
+        replicated: which of these strategies keep the training state replicated on every
+            data-parallel rank, as their plugins declared it when they registered
+            (``register(fn, name=..., replicated=True)``). Filled in from the plugin registry
+            by ``Job.dryrun()``, ``submit()`` and ``run()`` (leave it out); ``None``: not
+            resolved, the built-ins' declarations hold
+            (:data:`~dlrover_core.parallel_rules.REPLICATED_BUILTINS`) and any other strategy
+            counts as sharding the state. It decides :attr:`JobSpec.live_blocker`.
     """
 
     strategies: tuple[tuple[str, dict[str, Any]], ...]
+    replicated: tuple[str, ...] | None
 
-    def __init__(self, strategies: Sequence[Any] = ("ddp",)) -> None:
+    def __init__(self, strategies: Sequence[Any] = ("ddp",), *, replicated: Iterable[str] | None = None) -> None:
         if isinstance(strategies, str):
             strategies = [strategies]
         if not isinstance(strategies, Sequence):
@@ -347,11 +383,29 @@ class Parallel:
             raise JobSpecError("parallel.strategies", strategies, f"JSON-safe options: {exc}") from None
         pairs = tuple((name, options) for name, options in normalized)
         check_strategies(pairs)
-        self.__attrs_init__(strategies=pairs)
+        self.__attrs_init__(strategies=pairs, replicated=_replicated_names(replicated, [n for n, _ in pairs]))
 
     def describe(self) -> list[str]:
         """One line per strategy, as ``Job.dryrun()``'s plan shows them (``auto``: its rule)."""
         return describe(self.strategies)
+
+    def first_unreplicated(self) -> str | None:
+        """The first strategy that does not keep the training state replicated on every
+        data-parallel rank (``None``: all do); see :attr:`replicated`."""
+        return first_unreplicated([name for name, _ in self.strategies], self.replicated)
+
+
+def _replicated_names(value: Iterable[str] | None, names: Sequence[str]) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    want = ("the names of this Parallel's strategies whose plugins declared replicated state; leave it out: "
+            "Job.dryrun(), submit() and run() fill it in from the installed plugins")
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise JobSpecError("parallel.replicated", value, want)
+    out = tuple(value)
+    if any(not isinstance(n, str) or n not in names for n in out):
+        raise JobSpecError("parallel.replicated", list(out), want)
+    return tuple(n for n in names if n in out)  # in the strategies' order, each once
 
 
 # ----- the job ----------------------------------------------------------------------------
@@ -466,6 +520,24 @@ class JobSpec:
             return float(self.failure.heartbeat_timeout_s)
         return max(_MIN_HEARTBEAT_TIMEOUT_S, _MISSED_HEARTBEATS * self.heartbeat_interval_s)
 
+    # ----- recovery without stopping -----------------------------------------------------
+
+    @property
+    def live_blocker(self) -> str:
+        """Why this job's failures restart every worker instead of being recovered live
+        (docs/design.md §5a); ``""``: the survivors can go on and a replacement rejoins with
+        their state. The one place this is decided: the master, the agents and the workers
+        read it here. It is ``"failure.live_recovery=False"``, or names the first parallel
+        strategy that does not keep the training state replicated
+        (:meth:`Parallel.first_unreplicated`)."""
+        if not self.failure.live_recovery:
+            return "failure.live_recovery=False"
+        name = self.parallel.first_unreplicated() if self.parallel is not None else None
+        if name is not None:
+            return (f"parallel strategy {name!r} shards the training state, so no live peer holds a "
+                    "failed worker's part; every worker restarts from a checkpoint")
+        return ""
+
     # ----- serialization ---------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
@@ -488,8 +560,11 @@ class JobSpec:
 _converter = cattrs.Converter(forbid_extra_keys=True)
 _converter.register_unstructure_hook(Optimizer, lambda o: {"name": o.name, "options": dict(o.options)})
 _converter.register_structure_hook(Optimizer, lambda d, _: Optimizer(d["name"], **d.get("options", {})))
-_converter.register_unstructure_hook(Parallel, lambda p: {"strategies": [[n, dict(o)] for n, o in p.strategies]})
-_converter.register_structure_hook(Parallel, lambda d, _: Parallel([tuple(s) for s in d["strategies"]]))
+_converter.register_unstructure_hook(Parallel, lambda p: {"strategies": [[n, dict(o)] for n, o in p.strategies],
+                                                            **({} if p.replicated is None else
+                                                               {"replicated": list(p.replicated)})})
+_converter.register_structure_hook(Parallel, lambda d, _: Parallel([tuple(s) for s in d["strategies"]],
+                                                                   replicated=d.get("replicated")))
 _converter.register_structure_hook(Nodes, lambda d, _: Nodes.parse(d))
 _converter.register_structure_hook(int | str, lambda v, _: v)
 # Job's own converters check these (cattrs would turn the string "--lr 1e-3" into its characters)

@@ -5,6 +5,10 @@ backend names are installed, its workdir exists and its entrypoint can be found 
 the machine it is checked on, so that is done here, once, before a job is planned (by
 ``Job.validate()``, ``dryrun``, ``run``, ``submit`` and the ``dlrover`` commands), never when
 the master, an agent or a worker decodes the spec.
+
+What the installed plugins declare about the job's backends is resolved here too and
+carried in the spec as data (:func:`declare_replicated`: which parallel strategies keep the
+training state replicated), so the processes that decode the spec need no plugin for it.
 """
 
 from __future__ import annotations
@@ -14,13 +18,18 @@ import importlib.util
 import os
 import shutil
 from pathlib import Path
+from typing import TypeVar
+
+import attrs
 
 from dlrover_core import env
 from dlrover_core.errors import KNOWN_PLUGIN_PACKAGES, JobSpecError
 from dlrover_core.plugins import get_host
 from dlrover_core.spec import MODULE_PATTERN, JobSpec
 
-__all__ = ["validate_job"]
+__all__ = ["declare_replicated", "validate_job"]
+
+JobT = TypeVar("JobT", bound=JobSpec)
 
 
 def validate_job(job: JobSpec) -> None:
@@ -47,6 +56,20 @@ def validate_job(job: JobSpec) -> None:
     check_options = getattr(backend, "check_options", None)
     if check_options is not None:
         check_options(job.scheduler_options)
+
+
+def declare_replicated(job: JobT) -> JobT:
+    """``job`` with ``parallel.replicated`` filled in from the plugin registry: the names of
+    its parallel strategies whose registrations declared replicated training state
+    (``register(fn, name=..., replicated=True)``; one that did not say counts as sharding
+    it). This decides ``JobSpec.live_blocker``. ``Job.dryrun()``, ``submit()`` and ``run()``
+    call it; a name no plugin registered is left out here (:func:`validate_job` reports it).
+    A job without ``parallel`` is returned as it is."""
+    if job.parallel is None:
+        return job
+    registry = get_host().registries.parallel_strategy
+    replicated = [name for name, _ in job.parallel.strategies if name in registry and registry.entry(name).replicated]
+    return attrs.evolve(job, parallel=attrs.evolve(job.parallel, replicated=replicated))
 
 
 def _check_entrypoint(ep: str, workdir: Path) -> None:

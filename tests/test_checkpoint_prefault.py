@@ -95,8 +95,10 @@ def test_restarted_worker_has_its_snapshot_resident_before_load(tmp_path):
     assert result.state == JobState.SUCCEEDED, result.reason
     seen = json.loads(out.read_text())
     assert (seen["source"], seen["step"], seen["exact"]) == ("memory", 7, True), seen
-    assert seen["threads"] == 1, seen
-    # every page of the snapshot's data (64 MiB) was mapped before load() touched one
+    # the prefault thread may have finished before the script looked (at most one was started);
+    # that it ran shows in the pages: every page of the snapshot's data (64 MiB) was mapped
+    # before load() touched one, which only the prefault does
+    assert seen["threads"] <= 1, seen
     assert seen["resident_kib_before_load"] >= SIZE_MIB * 1024, seen
     # and load() read through that mapping (the Checkpointer took it): a mapping of its own
     # faults once per 64 KiB (the kernel maps 16 pages around each read fault of a shared

@@ -85,7 +85,7 @@ def test_doctor_cli_explains_why_only_cpu_is_available():
     assert result.exit_code == 0, result.output
     assert 'accelerator="auto" picks: cpu' in result.output
     out = CliRunner().invoke(cli, ["doctor", "--json"])
-    data = json.loads(out.output)
+    data = json.loads(out.stdout)
     assert data["auto"] == "cpu"
     names = {a["name"] for a in data["accelerators"]} | set(data["not_installed"])
     assert {"cpu", "cuda", "ascend", "ppu"} <= names  # installed ones probed, the others named with their package

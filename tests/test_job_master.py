@@ -24,6 +24,7 @@ from dlrover_core.protocol import (
     Succeeded,
     WorkerFailure,
 )
+from dlrover_core.protocol.progress import CheckpointRecord, RestoreRecord, StepRecord
 
 
 class Clock:
@@ -155,11 +156,12 @@ def test_goodput_counts_each_kept_step_once():
     """Steps after the last restore point become recomputed time; stalls are separate."""
     g = GoodputTracker()
     for s in range(6):
-        g.add({"type": "step", "step": s, "dt": 1.0})
-    g.add({"type": "checkpoint", "step": 3, "stall_s": 0.5, "committed": True})
-    g.add({"type": "restore", "step": 3, "source": "storage", "load_s": 0.25})
+        g.add(StepRecord(step=s, dt_s=1.0))
+    g.add(CheckpointRecord(step=3, stall_s=0.5))
+    g.committed(3)
+    g.add(RestoreRecord(step=3, source="storage", load_s=0.25))
     for s in range(4, 8):
-        g.add({"type": "step", "step": s, "dt": 1.0})
+        g.add(StepRecord(step=s, dt_s=1.0))
     assert g.productive_s == 8.0 and g.recomputed_s == 2.0
     assert g.checkpoint_stall_s == 0.5 and g.restore_s == 0.25 and g.last_committed_step == 3
 
@@ -170,22 +172,22 @@ def test_goodput_orders_rank0_records_by_live_generation():
     generation is productive unless the newer generation trained its step again."""
     g = GoodputTracker()
     for s in range(28):  # generation 0, rank 0 on node 0 (the one killed after step 27)
-        g.add({"type": "step", "step": s, "dt": 1.0})
-    g.add({"type": "step", "step": 31, "dt": 1.0, "gen": 2})  # the replacement, rank 0 again
+        g.add(StepRecord(step=s, dt_s=1.0))
+    g.add(StepRecord(step=31, dt_s=1.0, generation=2))  # the replacement, rank 0 again
     for s in (28, 29, 30):  # the survivor's generation-1 records, forwarded later
-        g.add({"type": "step", "step": s, "dt": 1.0, "gen": 1})
+        g.add(StepRecord(step=s, dt_s=1.0, generation=1))
     assert g.recomputed_s == 0 and g.productive_s == 32.0
 
     redo = GoodputTracker()  # the survivor's step 27 failed and was trained again at generation 1
     for s in range(28):
-        redo.add({"type": "step", "step": s, "dt": 1.0})
-    redo.add({"type": "step", "step": 27, "dt": 2.0, "gen": 1})
+        redo.add(StepRecord(step=s, dt_s=1.0))
+    redo.add(StepRecord(step=27, dt_s=2.0, generation=1))
     assert redo.recomputed_s == 1.0 and redo.productive_s == 29.0
     late = GoodputTracker()  # the same, with generation 0's record of step 27 arriving last
     for s in range(27):
-        late.add({"type": "step", "step": s, "dt": 1.0})
-    late.add({"type": "step", "step": 27, "dt": 2.0, "gen": 1})
-    late.add({"type": "step", "step": 27, "dt": 1.0})
+        late.add(StepRecord(step=s, dt_s=1.0))
+    late.add(StepRecord(step=27, dt_s=2.0, generation=1))
+    late.add(StepRecord(step=27, dt_s=1.0))
     assert late.recomputed_s == 1.0 and late.productive_s == 29.0
 
 
@@ -199,7 +201,7 @@ def test_goodput_is_independent_of_how_nodes_interleave(seed):
         n = rng.randint(1, 6)
         redo = rng.random() < 0.5 and step > 0  # the step in flight failed and is trained again
         first = step - 1 if redo else step
-        generations.append([{"type": "step", "step": s, "dt": rng.choice((0.5, 1.0, 2.0)), "gen": gen}
+        generations.append([StepRecord(step=s, dt_s=rng.choice((0.5, 1.0, 2.0)), generation=gen)
                             for s in range(first, first + n)])
         step = first + n
     in_order = GoodputTracker()

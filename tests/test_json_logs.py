@@ -162,5 +162,6 @@ def test_dlrover_run_prints_only_json_lines(tmp_path):
     assert {(0, 0, "plain text from rank 0"), (0, 1, "plain text from rank 1")} <= outputs, outputs
     assert {(r["node"], r["rank"]) for r in records if r["event"] == "script_event"} == {(0, 0), (0, 1)}
     assert any(r["event"] == "workers_started" and r["node"] == 0 for r in records)
+    assert not any(r["event"] == "progress" for r in records)  # (only with --progress)
     assert records[-1]["event"] == "result" and records[-1]["state"] == "SUCCEEDED"
     assert Path(records[-1]["log_dir"]).is_dir()

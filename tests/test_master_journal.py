@@ -25,6 +25,7 @@ from dlrover_core.errors import DLRoverError
 from dlrover_core.master.job_master import JobMaster
 from dlrover_core.master.journal import Journal
 from dlrover_core.protocol import FailureReport, Heartbeat, Join, Joined, Poll, Register, Succeeded, WorkerFailure
+from dlrover_core.protocol.progress import StepRecord
 
 
 class Clock:
@@ -119,7 +120,7 @@ def test_heartbeats_write_nothing(workdir):
     before = {p.name: p.stat().st_mtime_ns for p in files.iterdir()}
     sizes = {p.name: p.stat().st_size for p in files.iterdir()}
     for i in range(500):
-        m.heartbeat(Heartbeat(node_id=i % 2, round=0, steps={i % 2: i}, records=({"type": "step", "step": i, "dt": 0.01},)))
+        m.heartbeat(Heartbeat(node_id=i % 2, round=0, steps={i % 2: i}, records=(StepRecord(step=i, dt_s=0.01),)))
     assert {p.name: p.stat().st_mtime_ns for p in files.iterdir()} == before
     assert {p.name: p.stat().st_size for p in files.iterdir()} == sizes
 

@@ -164,7 +164,7 @@ def test_cli_plugins_list_json_and_table(site):
     runner = CliRunner()
     out = runner.invoke(cli, ["plugins", "list", "--json"])
     assert out.exit_code == 0, out.output
-    rows = {r["name"]: r for r in json.loads(out.output)}
+    rows = {r["name"]: r for r in json.loads(out.stdout)}
     assert rows["dlrover_core.schedulers.local"]["backends"] == {"scheduler": ["local"]}
     assert rows["dlrover_core.schedulers.local"]["hooks"] == ["dlrover_register_schedulers"]
     assert "does_not_exist" in rows["dlrover-plugin-broken"]["errors"][0]
@@ -222,7 +222,7 @@ def test_cli_lists_every_broken_plugin_with_its_error(site):
     install_broken_plugins(site)
     out = CliRunner().invoke(cli, ["plugins", "list", "--json"])
     assert out.exit_code == 0, out.output
-    rows = {r["name"]: r for r in json.loads(out.output)}
+    rows = {r["name"]: r for r in json.loads(out.stdout)}
     assert rows["dlrover-plugin-broken"]["errors"] == ["import failed: RuntimeError: kaboom"]
     assert rows["dlrover-plugin-broken"]["distribution"] == "dlrover-plugin-broken"
     (malformed,) = rows["dlrover-plugin-malformed"]["errors"]
@@ -308,4 +308,4 @@ def test_cli_honours_the_block_list(site):
     install_dist(site, "dlrover-plugin-broken", "dlrover_plugin_broken", "raise RuntimeError('kaboom')\n")
     out = CliRunner(env={"DLROVER_DISABLE_PLUGINS": "dlrover-plugin-broken"}).invoke(cli, ["plugins", "list", "--json"])
     assert out.exit_code == 0, out.output
-    assert "dlrover-plugin-broken" not in {r["name"] for r in json.loads(out.output)}
+    assert "dlrover-plugin-broken" not in {r["name"] for r in json.loads(out.stdout)}

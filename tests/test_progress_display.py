@@ -20,13 +20,14 @@ from dlrover_core.cli import main
 from dlrover_core.master.goodput import StepRate
 from dlrover_core.master.job_master import JobMaster
 from dlrover_core.protocol import Heartbeat, Join, MasterStatus, Poll, Register, encode
+from dlrover_core.protocol.progress import RestoreRecord, StepRecord
 from dlrover_core.protocol.status import JobStatus
 from dlrover_core.runner import progress_fields, progress_line
 from dlrover_core.train.progress import ProgressWriter
 
 
-def step(n: int, t: float, *, dt: float = 0.5, gen: int = 0, **extra) -> dict:
-    return {"type": "step", "step": n, "rank": 0, "dt": dt, "t": t, "metrics": {}, "gen": gen, **extra}
+def step(n: int, t: float, *, dt: float = 0.5, gen: int = 0, **extra) -> StepRecord:
+    return StepRecord(step=n, rank=0, dt_s=dt, unix_time_s=t, generation=gen, **extra)
 
 
 # ----- the rate, from rank 0's records ----------------------------------------------------------
@@ -65,7 +66,7 @@ def test_time_across_a_failure_is_not_step_time():
     rate = StepRate()
     for n in range(5):
         rate.add(step(n, t=float(n), dt=1.0, samples=10))
-    rate.add({"type": "restore", "step": 2})
+    rate.add(RestoreRecord(step=2))
     rate.add(step(3, t=600.0, dt=0.5, samples=10))  # 600 s later: the failure, not a step
     assert rate.step_time_s == pytest.approx(0.5)
     assert rate.samples_per_s == pytest.approx(20.0)
@@ -85,7 +86,8 @@ def test_the_master_serves_the_rate_and_keeps_the_total_over_its_restart(tmp_pat
     m.register(Register(node_id=0, host="h", pid=100))
     m.join(Join(node_id=0, nproc=1))
     m.poll(Poll(node_id=0))
-    records = tuple(step(n, t=10.0 + 0.5 * n, samples=32, tokens=32 * 64, total_steps=20, loss=1.0) for n in range(6))
+    records = tuple(step(n, t=10.0 + 0.5 * n, samples=32, tokens=32 * 64, total_steps=20, metrics={"loss": 1.0})
+                    for n in range(6))
     m.heartbeat(Heartbeat(node_id=0, round=0, records=records))
     status = MasterStatus.from_wire(json.loads(json.dumps(encode(m.status()))))  # over the wire
     assert (status.total_steps, status.step_time_s, status.eta_s) == (20, 0.5, 7.0)
@@ -218,7 +220,7 @@ def test_a_real_job_shows_total_eta_and_throughput_on_the_plain_line_and_in_stat
     assert st.exit_code == 0, st.output
     assert "succeeded | step 59/60 (100%) |" in st.output and "loss 0.0167" in st.output
     data = json.loads(CliRunner().invoke(main, ["status", result["job_id"], "--log-dir", str(run_dir.parent),
-                                                "--json"]).output)
+                                                "--json"]).stdout)
     assert data["progress"]["step"] == 59 and data["progress"]["percent"] == 100.0
     assert data["result"]["total_steps"] == 60 and "note" not in data
 
@@ -234,7 +236,7 @@ def test_status_of_a_running_job_has_the_rate_fields(tmp_path):
         while True:
             out = CliRunner().invoke(main, ["status", run.job_id, "--log-dir", str(tmp_path / "runs"), "--json"])
             assert out.exit_code == 0, out.output
-            data = json.loads(out.output)
+            data = json.loads(out.stdout)
             if data["step"] >= 5 and data["samples_per_s"] is not None:
                 break
             assert time.monotonic() < deadline, data
@@ -259,9 +261,8 @@ def test_late_records_of_an_older_generation_do_not_change_the_rate(seed):
 
     from dlrover_core.master.goodput import StepRate
 
-    old = [{"type": "step", "step": s, "t": 100.0 + 0.5 * s, "dt": 0.4, "samples": 8, "total_steps": 40}
-           for s in range(12)]
-    new = [{"type": "step", "step": s, "gen": 1, "t": 100.0 + 0.5 * s + 1.0, "dt": 0.4, "samples": 8, "total_steps": 40}
+    old = [StepRecord(step=s, unix_time_s=100.0 + 0.5 * s, dt_s=0.4, samples=8, total_steps=40) for s in range(12)]
+    new = [StepRecord(step=s, generation=1, unix_time_s=100.0 + 0.5 * s + 1.0, dt_s=0.4, samples=8, total_steps=40)
            for s in range(10, 30)]
     ordered = StepRate()
     for r in old + new:

@@ -48,6 +48,7 @@ from dlrover_core.protocol import (
     RoundAssignment,
     ShardAnswer,
     ShardReport,
+    StepRecord,
     Succeeded,
     WorkerException,
     WorkerFailure,
@@ -60,7 +61,7 @@ from dlrover_core.retry import rpc_retrying
 EXCEPTION = WorkerException(exc_type="ValueError", message="bad batch", step=17, before_first_step=False,
                             traceback="Traceback ...")
 HEARTBEAT = Heartbeat(node_id=1, round=2, workers={4: 1001, 5: 1002}, steps={4: 17, 5: 16},
-                      records=({"type": "step", "step": 17, "dt": 0.1, "metrics": {"loss": 1.5}},),
+                      records=(StepRecord(step=17, rank=0, dt_s=0.1, unix_time_s=1.7e9, metrics={"loss": 1.5}),),
                       saves={4: (10, 15)}, pid=42, token=7)
 
 #: One filled-in example of every message (non-default values wherever a field has one).
@@ -230,7 +231,7 @@ def test_the_client_speaks_every_agent_call_to_the_server(served):
     ready = client.poll(Poll(node_id=0, token=1))
     assert (ready.state, ready.round, ready.world_size, ready.store_port) == (PollState.READY, 0, 2, 5000)
     beat = client.heartbeat(Heartbeat(node_id=0, round=0, workers={0: 100, 1: 101}, steps={0: 3},
-                                      records=({"type": "step", "step": 3, "dt": 0.1, "metrics": {"loss": 2.0}},),
+                                      records=(StepRecord(step=3, rank=0, dt_s=0.1, metrics={"loss": 2.0}),),
                                       pid=42, token=1))
     assert beat == HeartbeatAnswer(action=Action.NONE)
     status = client.status()

@@ -77,6 +77,7 @@ from dlrover_core.protocol.messages import (
     Succeeded,
     WorkerFailure,
 )
+from dlrover_core.protocol.progress import CheckpointRecord, ProgressRecord
 from dlrover_core.retry import rpc_retrying
 from dlrover_core.signals import SignalWatcher
 from dlrover_core.spec import JobSpec
@@ -543,12 +544,12 @@ class ElasticAgent:
             self._breakpoint_due = None
             self.saver.request_breakpoint()
 
-    def _drain(self) -> tuple[dict[int, int], list[dict[str, Any]], dict[int, list[int]], dict[int, list]]:
+    def _drain(self) -> tuple[dict[int, int], list[ProgressRecord], dict[int, list[int]], dict[int, list]]:
         """New progress (call with ``_state_lock`` held): every local rank's newest step,
         rank 0's records, the steps each rank saved for storage, and what was taken from
         each tail (to put back if the master does not answer). Records read elsewhere (a
         failure report reads the tails for exception records) are forwarded too."""
-        records: list[dict[str, Any]] = []
+        records: list[ProgressRecord] = []
         saves: dict[int, list[int]] = {}
         taken: dict[int, list] = {}
         held: set[int] = set()  # ranks the workers reported holding
@@ -556,10 +557,10 @@ class ElasticAgent:
             tail.read()
             new = taken[rank] = tail.take_unsent()
             # rank 0's records: in the live world the rank a worker holds changes, and each
-            # step record says which it was
-            records.extend(r for r in new if r.get("rank", rank) == 0)
-            held.update(int(r["rank"]) for r in new if "rank" in r)
-            persisted = [int(r["step"]) for r in new if r.get("type") == "checkpoint" and r.get("persist")]
+            # step record says which it was (a record that does not say is its file's rank's)
+            records.extend(r for r in new if (rank if r.rank is None else r.rank) == 0)
+            held.update(r.rank for r in new if r.rank is not None)
+            persisted = [r.step for r in new if isinstance(r, CheckpointRecord) and r.persist]
             if persisted:
                 saves[rank] = persisted
         steps = {rank: tail.last_step for rank, tail in self._tails.items() if tail.last_step >= 0}
@@ -613,7 +614,7 @@ class ElasticAgent:
                     continue
                 return action
             hung = self.hangs.hung(self.workers, self._tails)
-            live = self.job.failure.live_recovery and any(t.live for t in self._tails.values())
+            live = not self.job.live_blocker and any(t.live for t in self._tails.values())
             if hung and live and not any(_is_stopped(w.pid) for w in hung):
                 # the others may be waiting on a process another node is replacing right now:
                 # look again, with fresh progress, after a moment
@@ -707,7 +708,7 @@ class ElasticAgent:
             self._read_exceptions(failed)
         failures = [self._exited(w, code, seen_at) for w, code in failed]
         # a worker of this node loops in the live world: the master may answer ``replace``
-        if self.job.failure.live_recovery and not early and any(t.live for t in self._tails.values()):
+        if not self.job.live_blocker and not early and any(t.live for t in self._tails.values()):
             return self._report_live(round_index, [w for w, _ in failed], failures)
         return self._report_failures(round_index, failures)
 

@@ -1,4 +1,5 @@
-"""Reading workers' progress files (JSON lines appended by ``train.report()``)."""
+"""Reading workers' progress files (the records of :mod:`dlrover_core.protocol.progress`, one
+JSON object a line, appended by ``train.report()``, checkpoint saves and ``train.steps()``)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,18 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any
 
 from dlrover_core.errors import ProtocolError
-from dlrover_core.protocol.codec import decode
-from dlrover_core.protocol.messages import WorkerException
+from dlrover_core.protocol.progress import (
+    DoneRecord,
+    ExceptionRecord,
+    LiveReadyRecord,
+    LiveRecord,
+    ProgressRecord,
+    StepRecord,
+    WorkerException,
+    read_line,
+)
 
 __all__ = ["ProgressTail", "exception_from_error_file", "exception_from_output"]
 
@@ -105,19 +113,22 @@ class ProgressTail:
         self.step_times: list[float] = list(step_times)
         self.exception: WorkerException | None = None
         #: records read but not yet forwarded to the master (see :meth:`take_unsent`)
-        self.unsent: list[dict[str, Any]] = []
+        self.unsent: list[ProgressRecord] = []
 
-    def take_unsent(self) -> list[dict[str, Any]]:
+    def take_unsent(self) -> list[ProgressRecord]:
         """Every record read so far and not taken yet — whoever read it (a heartbeat, a
         failure report looking for an exception record) — in file order."""
         taken, self.unsent = self.unsent, []
         return taken
 
-    def put_back(self, records: list[dict[str, Any]]) -> None:
+    def put_back(self, records: list[ProgressRecord]) -> None:
         """Records taken but not delivered (the master did not answer): send them next time."""
         self.unsent[:0] = records
 
-    def read(self) -> list[dict[str, Any]]:
+    def read(self) -> list[ProgressRecord]:
+        """The records appended since the last read. A line that is no well-formed record is
+        skipped; a record of a type this version does not know (a newer worker's) counts as
+        progress but is not returned."""
         try:
             with open(self.path, "rb") as f:
                 f.seek(self._offset)
@@ -128,29 +139,28 @@ class ProgressTail:
         data = self._partial + chunk
         lines = data.split(b"\n")
         self._partial = lines.pop()  # an incomplete last line waits for the next read
-        records = []
+        records: list[ProgressRecord] = []
+        seen = False
         for line in lines:
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
-            except ValueError:
+                record = read_line(line)
+            except ProtocolError:  # not a record (an unreadable exception: the exit code alone tells)
                 continue
-            kind = record.get("type")
-            if kind == "step":
-                self.last_step = int(record["step"])
-                self.step_times = [*self.step_times[-19:], float(record.get("dt", 0.0))]
-            elif kind == "done":
+            seen = True
+            if isinstance(record, StepRecord):
+                self.last_step = record.step
+                self.step_times = [*self.step_times[-19:], record.dt_s]
+            elif isinstance(record, DoneRecord):
                 self.done = True
-            elif kind in ("live_ready", "live"):
+            elif isinstance(record, (LiveReadyRecord, LiveRecord)):
                 self.live = True
-            elif kind == "exception":
-                try:
-                    self.exception = decode(WorkerException, record)
-                except ProtocolError:  # unreadable: the failure is reported by its exit code alone
-                    pass
-            records.append(record)
-        if records:
+            elif isinstance(record, ExceptionRecord):
+                self.exception = record.exception
+            if record is not None:
+                records.append(record)
+        if seen:
             self.last_progress = time.monotonic()
             self.unsent.extend(records)
         return records

@@ -14,19 +14,23 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from dlrover_core.env import CONSOLE_LOCAL_RANKS, NODE_ID, STANDBY_READY_FD
+from dlrover_core.env import CONSOLE_LOCAL_RANKS, CPU_AFFINITY, NODE_ID, STANDBY_READY_FD
 from dlrover_core.logging import as_record, json_mode, write_record
 from dlrover_core.proctree import kill_trees as _kill_trees
 
 __all__ = ["Standby", "WorkerProcess", "kill_trees"]
 
 # Runs in the child before exec: die with the agent (PR_SET_PDEATHSIG = 1), and exit if the
-# agent is already gone (the race between fork and prctl). A tiny interpreter start instead
-# of preexec_fn, which is unsafe in a process with threads.
+# agent is already gone (the race between fork and prctl); bind it to the CPUs in
+# DLROVER_CPU_AFFINITY ("0-7,16-23", --numa-binding) if set, which the program exec'd and every
+# thread it starts inherit (what `numactl --physcpubind`, torchrun's way, does). A tiny
+# interpreter start instead of preexec_fn, which is unsafe in a process with threads.
 _PDEATHSIG_EXEC = (
     "import ctypes,os,signal,sys;"
     "ctypes.CDLL(None,use_errno=True).prctl(1,signal.SIGKILL,0,0,0);"
     "os.getppid()==int(sys.argv[1]) or os._exit(1);"
+    f"a=os.environ.get({CPU_AFFINITY!r});"
+    "a and os.sched_setaffinity(0,{c for p in a.split(',') for c in range(int(p.split('-')[0]),int(p.split('-')[-1])+1)});"
     "os.execvp(sys.argv[2],sys.argv[2:])"
 )
 

@@ -41,6 +41,7 @@ import attrs
 from dlrover_core.checkpoint.commit import committed_steps, retain, tidy, write_commit
 from dlrover_core.logging import get_logger
 from dlrover_core.protocol.codec import decode, encode
+from dlrover_core.protocol.events import EventKind
 from dlrover_core.protocol.messages import (
     CheckpointErrorReport,
     RestoreDecision,
@@ -162,7 +163,8 @@ class CheckpointCoordinator:
         except OSError as exc:
             error = f"{type(exc).__name__}: {exc}"
             self.commit_error = (step, error)
-            self._event("checkpoint_commit_failed", level="error", step=step, storage=self.storage.url, error=error)
+            self._event(EventKind.CHECKPOINT_COMMIT_FAILED, level="error", step=step, storage=self.storage.url,
+                        error=error)
             return
         self.latest = step
         self.damaged.pop(step, None)  # committed anew by the lineage that went back below it
@@ -170,7 +172,7 @@ class CheckpointCoordinator:
         self.persist_error = None
         for key in [k for k in self._shards if k[0] <= step]:
             del self._shards[key]
-        self._event("checkpoint_committed", step=step, world_size=world_size, round=round_index,
+        self._event(EventKind.CHECKPOINT_COMMITTED, step=step, world_size=world_size, round=round_index,
                     mb=round(sum(s.bytes for s in shards.values()) / 2**20, 1))
         tidy(self.storage, step, meta)
         retain(self.storage, latest=self.latest, keep_last=self.keep_last, damaged=self.damaged)
@@ -276,8 +278,8 @@ class CheckpointCoordinator:
         if decision.state == "ready":
             self._restored(round_index, -1 if decision.step is None else decision.step)
         held_by = {str(r): [s for s, _ in v] for r, v in sorted(reports.items())}
-        self._event("restore_decided", round=round_index, world_size=world_size, committed=self.latest, held=held_by,
-                    source=decision.source, step=decision.step)
+        self._event(EventKind.RESTORE_DECIDED, round=round_index, world_size=world_size, committed=self.latest,
+                    held=held_by, source=decision.source, step=decision.step)
         return decision
 
     def _storage_candidate(self, below: int | None = None) -> int | None:
@@ -336,7 +338,8 @@ class CheckpointCoordinator:
         why = f"rank {first[0]}'s shard: {first[1]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
         self.damaged[step] = why
         fallback = self._storage_candidate(below=step)
-        self._event("checkpoint_damaged", level="error", step=step, reason=why, fallback=fallback, storage=self.storage.url)
+        self._event(EventKind.CHECKPOINT_DAMAGED, level="error", step=step, reason=why, fallback=fallback,
+                    storage=self.storage.url)
         if fallback is None:
             state.answer = RestoreVerifyAnswer(state="failed", reason=self._no_intact_reason())
             return state.answer

@@ -24,6 +24,7 @@ from dlrover_core.master.context import MasterContext
 from dlrover_core.master.decisions import below_min_reason, waiting_message
 from dlrover_core.master.nodes import NodeRecord
 from dlrover_core.master.rendezvous import Round
+from dlrover_core.protocol.events import EventKind
 from dlrover_core.protocol.messages import FailureReport, NodeRelaunch, WorkerFailure
 from dlrover_core.protocol.state import JobState
 
@@ -134,7 +135,7 @@ class Fleet:
             ctx.livework.world.node_died(node.node_id)
         ctx.book.gone_why[node.node_id] = f"excluded: {why}"
         ctx.rdzv.leave(node.node_id)
-        ctx.event("node_excluded", level="warning", node_id=node.node_id, reason=why)
+        ctx.event(EventKind.NODE_EXCLUDED, level="warning", node_id=node.node_id, reason=why)
         replacement = max(ctx.nodes) + 1
         ctx.node(replacement).state = "registered"  # expected; silent until it starts
         ctx.note_node(node, point="node_excluded")
@@ -149,7 +150,7 @@ class Fleet:
         node.state = "dead"
         ctx.book.gone_why[node.node_id] = f"lost ({why})"
         ctx.rdzv.leave(node.node_id)
-        ctx.event("node_lost", level="warning", node_id=node.node_id, silent_s=round(silent_s, 1), reason=why)
+        ctx.event(EventKind.NODE_LOST, level="warning", node_id=node.node_id, silent_s=round(silent_s, 1), reason=why)
         rnd, world = ctx.rdzv.latest, ctx.livework.world
         member = rnd is not None and (node.node_id in rnd or (world is not None and world.has_node(node.node_id)))
         if member and rnd.index >= ctx.required_round:  # type: ignore[union-attr]
@@ -200,7 +201,7 @@ class Fleet:
         node.relaunches += 1
         node.last_heartbeat = ctx.clock()  # give the new agent a full timeout to start
         ctx.book.relaunching[node_id] = ctx.clock()
-        ctx.event("node_relaunched", node_id=node_id, replaces=replaces)
+        ctx.event(EventKind.NODE_RELAUNCHED, node_id=node_id, replaces=replaces)
         ctx.note_node(node, point="relaunch_issued")
         request = NodeRelaunch(node_id=node_id, replaces=replaces, reason=reason, attempt=node.relaunches - 1)
         relauncher = self._relauncher
@@ -214,7 +215,8 @@ class Fleet:
         except Exception as exc:
             node_id = request.node_id
             with ctx.wal.batch():
-                ctx.event("node_relaunch_failed", level="error", node_id=node_id, error=f"{type(exc).__name__}: {exc}")
+                ctx.event(EventKind.NODE_RELAUNCH_FAILED, level="error", node_id=node_id,
+                          error=f"{type(exc).__name__}: {exc}")
                 ctx.book.relaunching.pop(node_id, None)
                 ctx.book.gone_why.setdefault(node_id, f"its relaunch failed ({type(exc).__name__}: {exc})")
                 ctx.note_node(ctx.node(node_id))

@@ -1,8 +1,9 @@
 """Goodput accounting: where the wall time of a job went.
 
 Goodput = productive step time / wall time, where productive time counts each step that the
-final model builds on exactly once (from rank 0's ``report()`` records). The rest is broken
-down by phase, on the master's clock:
+final model builds on exactly once (from rank 0's progress records,
+:mod:`dlrover_core.protocol.progress`, that its agent forwards). The rest is broken down by
+phase, on the master's clock:
 
 * ``checkpoint_stall_s``: training waited on checkpoint saves (worker-measured);
 * ``restore_s``: workers restoring a checkpoint (worker-measured);
@@ -26,6 +27,8 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from typing import Any
+
+from dlrover_core.protocol.progress import CheckpointRecord, LiveRecord, ProgressRecord, RestoreRecord, StepRecord
 
 __all__ = ["GoodputTracker", "StepRate"]
 
@@ -74,11 +77,11 @@ class GoodputTracker:
         if len(self._counted) > _COUNTED_KEPT:
             del self._counted[next(iter(self._counted))]
 
-    def add(self, record: dict[str, Any], now: float | None = None) -> None:
-        kind = record.get("type")
-        if kind == "step":
-            step, dt = int(record["step"]), float(record["dt"])
-            generation = int(record.get("gen", 0))
+    def add(self, record: ProgressRecord, now: float | None = None) -> None:
+        """Fold one of rank 0's progress records in (``now``: when the master received it,
+        on its clock; kinds other than steps, checkpoints, restores and re-forms are ignored)."""
+        if isinstance(record, StepRecord):
+            step, dt, generation = record.step, record.dt_s, record.generation
             if generation < self._generation:
                 self._add_late(step, dt, generation)
                 return
@@ -92,24 +95,24 @@ class GoodputTracker:
                 if self._round_complete is not None:  # the first step of a round
                     self.phases["startup_s"] += max(0.0, now - self._round_complete - dt - self._restore_in_round)
                     self._round_complete = None
-        elif kind == "checkpoint":
-            self.checkpoint_stall_s += float(record.get("stall_s", 0.0))
-            if record.get("committed"):
-                step = int(record["step"])
-                for s in [s for s in self._pending if s <= step]:
-                    self._committed_s += self._pending.pop(s)
-                self.last_committed_step = step
-        elif kind == "live":  # rank 0 re-formed; a replacement's wait to join is not the survivors' time
-            if record.get("reason") != "join":
-                self.phases["reform_s"] += float(record.get("reform_s", 0.0))
-        elif kind == "restore":
-            load_s = float(record.get("load_s", 0.0))
-            self.restore_s += load_s
-            self._restore_in_round += load_s
-            step = int(record["step"])
-            self._discard_after(step)
-            self.last_step = step
+        elif isinstance(record, CheckpointRecord):
+            self.checkpoint_stall_s += record.stall_s
+        elif isinstance(record, LiveRecord):
+            if record.reason != "join":  # rank 0 re-formed; a replacement's wait to join is not the survivors' time
+                self.phases["reform_s"] += record.reform_s
+        elif isinstance(record, RestoreRecord):
+            self.restore_s += record.load_s
+            self._restore_in_round += record.load_s
+            self._discard_after(record.step)
+            self.last_step = record.step
             self._generation = 0
+
+    def committed(self, step: int) -> None:
+        """Checkpoint ``step`` was committed (durable): the pending steps up to it are
+        productive for good."""
+        for s in [s for s in self._pending if s <= step]:
+            self._committed_s += self._pending.pop(s)
+        self.last_committed_step = step
 
     def _add_late(self, step: int, dt: float, generation: int) -> None:
         """A step record of an older live generation, arriving after the newer one's: rank 0
@@ -220,31 +223,30 @@ class StepRate:
         # (steps covered, seconds, samples or None, tokens or None), newest last
         self._spans: deque[tuple[int, float, float | None, float | None]] = deque(maxlen=window)
 
-    def add(self, record: dict[str, Any]) -> None:
-        """Fold one of rank 0's progress records in (other kinds than ``step`` and
-        ``restore`` are ignored)."""
-        kind = record.get("type")
-        if kind == "restore":
-            self._restart(int(record["step"]))
+    def add(self, record: ProgressRecord) -> None:
+        """Fold one of rank 0's progress records in (kinds other than steps and restores
+        are ignored)."""
+        if isinstance(record, RestoreRecord):
+            self._restart(record.step)
             return
-        if kind != "step":
+        if not isinstance(record, StepRecord):
             return
-        step, generation = int(record["step"]), int(record.get("gen", 0))
+        step, generation = record.step, record.generation
         if generation < self._generation:
             return  # a late record of an older live generation (see GoodputTracker._add_late)
-        if record.get("total_steps") is not None:
-            self.total_steps = int(record["total_steps"])
-        t = record.get("t")
+        if record.total_steps is not None:
+            self.total_steps = record.total_steps
+        t = record.unix_time_s
         if generation != self._generation or step <= self.last_step or self._last_t is None or t is None:
             if generation != self._generation or step <= self.last_step:
                 self._spans.clear()
-            steps, seconds = 1, float(record.get("dt", 0.0))
+            steps, seconds = 1, record.dt_s
         else:
-            steps, seconds = step - self.last_step, max(0.0, float(t) - self._last_t)
+            steps, seconds = step - self.last_step, max(0.0, t - self._last_t)
         self._generation = generation
         self.last_step = step
-        self._last_t = float(t) if t is not None else None
-        samples, tokens = record.get("samples"), record.get("tokens")
+        self._last_t = t
+        samples, tokens = record.samples, record.tokens
         self._spans.append((steps, seconds, None if samples is None else float(samples),
                             None if tokens is None else float(tokens)))
 

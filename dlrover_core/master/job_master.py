@@ -54,32 +54,22 @@ from dlrover_core.master import views
 from dlrover_core.master.book import JobBook
 from dlrover_core.master.checkpoints import CheckpointCoordinator
 from dlrover_core.master.decisions import (
-    FailureDecision,
-    FailureFacts,
     JobView,
-    Outcome,
     RoundView,
     decide_exit,
-    decide_recovery,
     decide_success,
-    describe_reported,
-    first_failure_text,
-    live_candidate,
-    not_retryable_reason,
     success_end,
-    triage_failure,
 )
-from dlrover_core.master.failures import DeterministicErrorDetector, failure_record, mark_root_causes
 from dlrover_core.master.fleet import Fleet
 from dlrover_core.master.goodput import GoodputTracker, StepRate
 from dlrover_core.master.journal import Journal, WriteAhead
 from dlrover_core.master.live import LiveRecovery
 from dlrover_core.master.node_check import NodeChecks
 from dlrover_core.master.nodes import NodeRecord, NodeTable
+from dlrover_core.master.recovery import Recovery
 from dlrover_core.master.rendezvous import RendezvousManager, Round
 from dlrover_core.master.rounds import Rounds, StoreFactory, StoreReopener
-from dlrover_core.protocol.codec import encode
-from dlrover_core.protocol.events import JobEvent
+from dlrover_core.protocol.events import EventKind, JobEvent
 from dlrover_core.protocol.messages import (
     Action,
     ActionAnswer,
@@ -109,7 +99,6 @@ from dlrover_core.protocol.messages import (
     ShardAnswer,
     ShardReport,
     Succeeded,
-    WorkerFailure,
 )
 from dlrover_core.protocol.result import JobResult
 from dlrover_core.protocol.status import JobState, MasterStatus
@@ -126,15 +115,11 @@ _RESTORE_GRACE_S = 10.0
 #: A save that waited longer than this for a free snapshot slot (seconds) is an event:
 #: the storage writes slower than the job asks for persists.
 _BACKPRESSURE_EVENT_S = 0.05
-#: Seconds the restart ordered by an exception raised before the first step waits for the
-#: other ranks' reports: when they all raised the same, the job stops instead (the script's error).
-_SCRIPT_ERROR_WAIT_S = 10.0
 #: How long a forming generation of the live world waits for a survivor that neither asked
 #: for its place nor is known dead (seconds); it rejoins later, with its state.
 _LIVE_STRAGGLER_S = 30.0
 #: Strategies whose training state every data-parallel rank holds whole (a live peer can
 #: give it to a replacement); any other (``fsdp``, ``mesh``, ``auto``) restarts every worker.
-_REPLICATED_STRATEGIES = frozenset({"ddp", "amp", "compile", "checkpoint"})
 
 
 class JobMaster:
@@ -174,7 +159,6 @@ class JobMaster:
         self.book = JobBook()
         self.goodput = GoodputTracker()
         self.rate = StepRate()  # rank 0's steps per second, samples/s, tokens/s and the ETA
-        self._errors = DeterministicErrorDetector()
         self.node_checks = NodeChecks(store_factory=store_factory, store_host=store_host, clock=clock)
         self.journal = journal
         self.wal = WriteAhead(journal, self._lock, self.snapshot)
@@ -182,7 +166,8 @@ class JobMaster:
         self._whole_rounds_from = 0  # rounds this master heard from their start (a restored one: the next)
         self.fleet = Fleet(self, relaunch=relaunch, report_failure=lambda report: self.failure(report, lost=True))
         self.rounds = Rounds(self, fleet=self.fleet, store_factory=store_factory, reopen_store=reopen_store)
-        self.livework = LiveRecovery(why_not=self._live_blocker(), store_host=store_host, clock=clock,
+        self.recovery = Recovery(self, fleet=self.fleet, rounds=self.rounds)
+        self.livework = LiveRecovery(why_not=job.live_blocker, store_host=store_host, clock=clock,
                                      event=self.event, straggler_timeout_s=_LIVE_STRAGGLER_S)
         self.started = clock()
         self.ended: float | None = None
@@ -220,7 +205,7 @@ class JobMaster:
 
     def _checkpoint_event(self, kind: str, /, **data: Any) -> None:
         if kind == "checkpoint_committed":
-            self.goodput.add({"type": "checkpoint", "step": data["step"], "stall_s": 0.0, "committed": True})
+            self.goodput.committed(data["step"])
         self.event(kind, **data)
         if kind == "checkpoint_committed":
             self.wal.decided("step_committed")
@@ -236,12 +221,12 @@ class JobMaster:
     def node(self, node_id: int) -> NodeRecord:
         return self.nodes.get_or_add(node_id, self.clock())
 
-    def _action(self, round_index: int, node: NodeRecord | None = None) -> Action:
+    def action(self, round_index: int, node: NodeRecord | None = None) -> Action:
         if self.state.is_terminal or (node is not None and node.state == "excluded"):
             return Action.STOP
         return Action.RESTART if round_index < self.required_round else Action.NONE
 
-    def _view(self) -> JobView:
+    def view(self) -> JobView:
         rnd = self.rdzv.latest
         current = None if rnd is None else RoundView(index=rnd.index, node_ids=rnd.node_ids, world_size=rnd.world_size)
         held = (self.book.held[0], self.book.held[2]) if self.book.held is not None else None
@@ -254,7 +239,7 @@ class JobMaster:
             return
         self.book.state, self.book.reason, self.book.held = state, reason, None
         self.ended = self.clock()
-        self.event("job_finished", state=state.value, reason=reason, restarts=self.restarts)
+        self.event(EventKind.JOB_FINISHED, state=state.value, reason=reason, restarts=self.restarts)
         self.wal.decided("job_finished")
 
     # ----- agent calls -----------------------------------------------------------------
@@ -277,7 +262,7 @@ class JobMaster:
         """An agent starts for ``node_id``; it gets a new fencing token (:meth:`Fleet.register`)."""
         with self._lock:
             node = self.fleet.register(message.node_id, host=message.host, pid=message.pid)
-            return Registered(action=self._action(self.required_round, node), job_id=self.job_id, token=node.token)
+            return Registered(action=self.action(self.required_round, node), job_id=self.job_id, token=node.token)
 
     def fenced(self, node_id: int, token: int | None) -> bool:
         """Whether a call for ``node_id`` carrying ``token`` comes from a replaced agent."""
@@ -289,7 +274,7 @@ class JobMaster:
         with self._lock:
             node = self.node(message.node_id)
             node.last_heartbeat = self.clock()
-            if self._action(self.required_round, node) == Action.STOP:
+            if self.action(self.required_round, node) == Action.STOP:
                 return Joined(action=Action.STOP)
             return Joined(round=self.rounds.join(node, message.nproc))
 
@@ -298,7 +283,7 @@ class JobMaster:
         with self._lock:
             node = self.node(message.node_id)
             node.last_heartbeat = self.clock()
-            if self._action(self.required_round, node) == Action.STOP:
+            if self.action(self.required_round, node) == Action.STOP:
                 return RoundAssignment(state=PollState.STOP, action=Action.STOP)
             return self.rounds.poll(node)
 
@@ -321,26 +306,23 @@ class JobMaster:
             if round_index >= 0 and (latest is None or round_index > latest.index) and not self.state.is_terminal:
                 self.rounds.unknown(node_id, round_index)
             self._check_saves(round_index, message.saves, message.steps)
-            return HeartbeatAnswer(action=self._action(round_index, node))
+            return HeartbeatAnswer(action=self.action(round_index, node))
 
-    def _record(self, record: dict[str, Any]) -> None:
+    def _record(self, record: Any) -> None:
+        """Fold one of rank 0's progress records (a ``dlrover_core.protocol.progress`` record,
+        typed by ``Heartbeat.records``) into the goodput, the rate, the metrics and the events.
+        ``record.type`` is its ``RecordType``, str-valued."""
         self.goodput.add(record, now=self.clock())
         self.rate.add(record)
-        kind = record.get("type")
-        if kind == "step":
-            for k, v in (record.get("metrics") or {}).items():
-                try:
-                    self.metrics[k] = float(v)
-                except (TypeError, ValueError):
-                    pass
-        elif kind == "checkpoint" and float(record.get("waited_s") or 0.0) > _BACKPRESSURE_EVENT_S:
+        if record.type == "step":
+            self.metrics.update(record.metrics)
+        elif record.type == "checkpoint" and record.waited_s > _BACKPRESSURE_EVENT_S:
             # a save waited for the storage (both snapshot slots were still being persisted)
-            self.event("checkpoint_backpressure", step=record.get("step"), waited_s=record.get("waited_s"))
-        elif kind == "restore":
-            self.event("checkpoint_restored", step=record["step"], source=record.get("source"),
-                        load_s=record.get("load_s"))
+            self.event(EventKind.CHECKPOINT_BACKPRESSURE, step=record.step, waited_s=record.waited_s)
+        elif record.type == "restore":
+            self.event(EventKind.CHECKPOINT_RESTORED, step=record.step, source=record.source, load_s=record.load_s)
             self.book.failures = [
-                (attrs.evolve(f, restored_step=int(record["step"]), restored_from=record.get("source"))
+                (attrs.evolve(f, restored_step=record.step, restored_from=record.source)
                  if f.restored_step is None and counted else f, counted) for f, counted in self.failures]
 
     # ----- checkpoints -------------------------------------------------------------------
@@ -366,13 +348,13 @@ class JobMaster:
         with self._lock:
             if self.fleet.fenced(message.node_id, message.token):
                 return ActionAnswer(action=Action.STOP)
-            self.event("checkpoint_persist_failed", node_id=message.node_id, rank=message.rank, step=message.step,
+            self.event(EventKind.CHECKPOINT_PERSIST_FAILED, node_id=message.node_id, rank=message.rank, step=message.step,
                         error=message.error, storage=message.storage, fatal=bool(message.fatal))
             if self.checkpoints is not None:
                 self.checkpoints.persist_failed(message)
             if message.fatal:
                 self.finish(JobState.FAILED, message.error)
-            return ActionAnswer(action=self._action(self.required_round))
+            return ActionAnswer(action=self.action(self.required_round))
 
     def restore_plan(self, message: RestorePlanRequest) -> RestoreDecision:
         """A rank's snapshots in memory; answers the restore decision once every rank reported."""
@@ -409,118 +391,10 @@ class JobMaster:
     # ----- failures ----------------------------------------------------------------------
 
     def failure(self, message: FailureReport, *, lost: bool = False) -> ActionAnswer:
-        """Workers of a node failed (or the node was lost) in a round: decide
-        (:mod:`~dlrover_core.master.decisions`) and apply. ``lost``: the master's own
-        report of a node it declared lost; a node-level report from outside, a scheduler's,
-        is evidence that the node is lost."""
+        """Workers of a node failed (or the node was lost) in a round: decided
+        (:mod:`~dlrover_core.master.decisions`) and applied by :class:`Recovery`."""
         with self.wal.batch():
-            node = self.node(message.node_id)
-            failures = message.failures
-            if not lost and failures and message.token is None and all(f.kind == "node_lost" for f in failures):
-                # evidence from the scheduler that the node is gone (its agent process exited):
-                # act now, not after failure.heartbeat_timeout_s of silence; an agent that
-                # exited because its node was done (succeeded, exited, excluded) is no failure
-                if node.state in ("running", "waiting", "registered") and not self.state.is_terminal:
-                    self.fleet.lose(node, max(0.0, self.clock() - node.last_heartbeat), why=failures[0].detail)
-                return ActionAnswer(action=self._action(message.round, node))
-            if not node.gone:
-                node.last_heartbeat = self.clock()
-            view = self._view()
-            world = view.current.world_size if view.current is not None else 0
-            verdicts = [self._errors.record(message.round, world, f.rank, f.exception) for f in failures]
-            verdict = next(((v, f.exception) for v, f in zip(verdicts, failures, strict=True) if v), None)
-            facts = FailureFacts(node_id=node.node_id, round=message.round, failures=tuple(failures), verdict=verdict)
-            decision = triage_failure(view, facts) or self._recovery(view, facts, node)
-            self._apply_failure(decision, facts, node)
-            if decision.outcome == Outcome.LIVE and not self.state.is_terminal:
-                return ActionAnswer(action=Action.REPLACE)
-            return ActionAnswer(action=self._action(message.round, node))
-
-    def _recovery(self, view: JobView, facts: FailureFacts, node: NodeRecord) -> FailureDecision:
-        """A new failure: ask the live world, count it against its node, decide."""
-        live = live_candidate(view, facts)
-        if live is None:
-            live = self.livework.replace(node.node_id, facts.failures)
-        elif live.close:
-            self.livework.unavailable(facts.round, live.why)
-        node.failed(self.now_s())
-        if not live.replaced:
-            self.goodput.failed(self.clock(), silent_s=max((f.silent_s for f in facts.failures), default=0.0))
-        return decide_recovery(view, facts, live, root_cause=self._first_of_round(facts.round, node.node_id,
-                                                                                  facts.failures),
-                               blame=self.nodes.blame())
-
-    def _apply_failure(self, decision: FailureDecision, facts: FailureFacts, node: NodeRecord) -> None:
-        """Apply a failure decision: the budget, the restart (ordered or held), the records
-        and events, the end of the job or its node's exclusion."""
-        if decision.release_held:
-            self._release_held()
-        self.book.restarts = decision.restarts
-        if decision.outcome == Outcome.HOLD:
-            self.book.held = (facts.round, self.clock() + _SCRIPT_ERROR_WAIT_S, facts.node_id)
-            log.info("restart_held", round=facts.round, node_id=facts.node_id, wait_s=_SCRIPT_ERROR_WAIT_S)
-        elif decision.outcome == Outcome.RESTART:
-            self.rounds.restart(facts.round)
-        elif decision.outcome == Outcome.EXHAUSTED:
-            self.finish(JobState.FAILED, decision.reason)
-        self._record_failures(decision, facts)
-        if decision.outcome == Outcome.RESTART and not self.state.is_terminal:
-            self.event("workers_restarted", round=self.required_round, restarts=self.restarts)
-        if facts.verdict is not None and not self.state.is_terminal:
-            kind, exc = facts.verdict
-            held = self.book.held
-            if kind == "script" and held is not None and held[0] == facts.round:
-                blamed = self.nodes.get(held[2])
-                if blamed is not None and blamed.failures > 0:
-                    blamed.failures -= 1  # the script's error, not its node's
-            self.finish(JobState.FAILED, not_retryable_reason(kind, exc))
-        elif decision.counted and not self.state.is_terminal and self.book.held is None:
-            self.fleet.exclude_if_failing(node)
-
-    def _record_failures(self, decision: FailureDecision, facts: FailureFacts) -> None:
-        """One record, log line and event per failed worker; then the root causes again."""
-        ended = decision.outcome == Outcome.ENDED
-        reported_at = time.time()
-        for f in facts.failures:
-            rec = failure_record(f, time_s=self.now_s(), round_index=facts.round, node_id=facts.node_id,
-                                 step=self.goodput.last_step, last_committed_step=self.goodput.last_committed_step,
-                                 action=decision.action, reported_at=reported_at)
-            if decision.counted and not self.state.is_terminal:
-                rec = attrs.evolve(rec, recovery=decision.recovery)
-            # the result lists the job's failures, not what its end caused (a cancel); after
-            # a failure that ended the job, its peers' reports may hold the root cause
-            if not ended or self.state == JobState.FAILED:
-                self.failures.append((rec, decision.counted))
-            self.event("worker_failed", level="warning", log_fields={
-                "node_id": facts.node_id, "rank": rec.rank, "kind": rec.kind, "detail": rec.detail, "step": rec.step,
-                "action": decision.action}, **{("failure_kind" if k == "kind" else k): v for k, v in encode(rec).items()})
-        marked = mark_root_causes([f for f, _ in self.failures])
-        self.book.failures = [(m, counted) for m, (_, counted) in zip(marked, self.failures, strict=True)]
-
-    def _first_of_round(self, round_index: int, node_id: int, failures: Sequence[WorkerFailure]) -> str:
-        """The first failure of ``round_index`` known now, in words: one of ``failures``,
-        just reported by ``node_id``, or one reported before (see ``mark_root_causes``)."""
-        now = time.time()
-        seen = [describe_reported(f, node_id, now) for f in failures]
-        seen += [(r.unix_time_s if r.unix_time_s is not None else now, r.rank, r.node_id, r.detail, r.exit_code)
-                 for r, _ in self.failures if r.round == round_index and r.recovery != "live"]
-        return first_failure_text(seen)
-
-    def _release_held(self) -> None:
-        """Order the restart a failure before the first step held back: the other ranks did
-        not all raise the same (or did not report in time)."""
-        if self.book.held is None:
-            return
-        round_index, _, node_id = self.book.held
-        self.book.held = None
-        if self.state.is_terminal or round_index < self.required_round:
-            return
-        self.rounds.restart(round_index)
-        log.info("restart_released", round=round_index, node_id=node_id)
-        self.event("workers_restarted", round=self.required_round, restarts=self.restarts)
-        node = self.nodes.get(node_id)
-        if node is not None:
-            self.fleet.exclude_if_failing(node)
+            return self.recovery.failure(message, lost=lost)
 
     def succeeded(self, message: Succeeded) -> ActionAnswer:
         """Every worker of a node exited 0; the job succeeds when every node it needs did."""
@@ -530,7 +404,7 @@ class JobMaster:
             rnd, live, coordinator = self.rdzv.latest, self.live, self.checkpoints
             needed = (() if rnd is None else rnd.node_ids if live is None or live.closed or live.round != rnd.index
                       else tuple(live.nodes()))
-            decision = decide_success(self._view(), round_index=message.round,
+            decision = decide_success(self.view(), round_index=message.round,
                                       succeeded=frozenset({*self.book.succeeded, node.node_id}), needed=needed)
             if decision.counts:
                 node.state = "succeeded"
@@ -543,7 +417,7 @@ class JobMaster:
                     lost_steps=coordinator.lost_steps() if coordinator is not None else [],
                     latest=coordinator.latest if coordinator is not None else None,
                     last_persist_error=coordinator.last_persist_error if coordinator is not None else None))
-            return ActionAnswer(action=self._action(message.round, node))
+            return ActionAnswer(action=self.action(message.round, node))
 
     def exited(self, message: Exited) -> ActionAnswer:
         """The agent of a node exited (the job ended for it, or it was stopped: scaled down,
@@ -557,7 +431,7 @@ class JobMaster:
                 self.book.gone_why[node.node_id] = "exited"
             self.rdzv.leave(node.node_id)
             self.note_node(node)
-            view, rnd = self._view(), self.rdzv.latest
+            view, rnd = self.view(), self.rdzv.latest
             member = (rnd is not None and node.node_id in rnd and not view.state.is_terminal
                       and rnd.index >= self.required_round and was in ("running", "waiting")
                       and node.node_id not in self.book.succeeded)
@@ -569,7 +443,7 @@ class JobMaster:
             if why:
                 self.rounds.new_round(why)
             elif why == "":  # the others go on without it (a membership change, not counted)
-                self.event("membership_changed", round=rnd.index, from_nodes=len(rnd.node_ids),  # type: ignore[union-attr]
+                self.event(EventKind.MEMBERSHIP_CHANGED, round=rnd.index, from_nodes=len(rnd.node_ids),  # type: ignore[union-attr]
                             to_nodes=len(self.live.nodes()), reason=f"node {node.node_id} exited; the others go on live")
             self.fleet.check_below_min()
             return ActionAnswer(action=Action.STOP)
@@ -581,17 +455,6 @@ class JobMaster:
             return ActionAnswer(action=Action.STOP)
 
     # ----- recovery without stopping (docs/design.md §5a) ---------------------------------
-
-    def _live_blocker(self) -> str:
-        """Why this job's failures restart every worker (``""``: survivors can go on)."""
-        if not self.job.failure.live_recovery:
-            return "failure.live_recovery=False"
-        if self.job.parallel is not None:
-            for name, _ in self.job.parallel.strategies:
-                if name not in _REPLICATED_STRATEGIES:
-                    return (f"parallel strategy {name!r} shards the training state, so no live peer holds a "
-                            "failed worker's part; every worker restarts from a checkpoint")
-        return ""
 
     def live_reform(self, message: LiveReform) -> LiveAssignment:
         """A worker asks for its place in the live world's next generation (or says it is
@@ -621,7 +484,7 @@ class JobMaster:
             self.livework.tick()
             now = self.clock()
             if self.book.held is not None and now > self.book.held[1]:
-                self._release_held()
+                self.recovery.release_held()
             self.fleet.find_silent(now)
             if self.state.is_terminal:
                 return
@@ -679,7 +542,7 @@ class JobMaster:
             self.rate = StepRate.from_dict(snap.get("rate") or {})  # (a journal from before it: none)
             if self.checkpoints is not None:
                 self.checkpoints.load_dict(snap.get("checkpoints") or {"pending_shards": snap["pending_shards"]})
-            self.event("master_recovered", round=r["index"] if r else None, nodes=len(self.nodes), restarts=self.restarts,
+            self.event(EventKind.MASTER_RECOVERED, round=r["index"] if r else None, nodes=len(self.nodes), restarts=self.restarts,
                        logged_changes=len(entries))
             self.wal.decided("master_recovered")
 

@@ -35,6 +35,7 @@ import attrs
 
 from dlrover_core.logging import get_logger
 from dlrover_core.master.decisions import LiveAnswer
+from dlrover_core.protocol.events import EventKind
 from dlrover_core.protocol.messages import LiveAssignment, LiveReform, WorkerFailure
 
 __all__ = ["LiveRecovery", "LiveWorld", "Slot", "Transition"]
@@ -314,7 +315,7 @@ class LiveRecovery:
     def unavailable(self, round_index: int, why: str) -> None:
         """The round's failure cannot be recovered live: close, and say why."""
         self.close(why)
-        self._event("live_recovery_unavailable", round=round_index, reason=why)
+        self._event(EventKind.LIVE_RECOVERY_UNAVAILABLE, round=round_index, reason=why)
 
     def replace(self, node_id: int, failures: Sequence[WorkerFailure]) -> LiveAnswer:
         """Mark the failed workers (a node's, when a failure names no local rank) dead; the
@@ -368,7 +369,7 @@ class LiveRecovery:
         if world is None:
             return
         for t in world.transitions[self._told:]:
-            self._event("live_reformed", level="debug", round=world.round, generation=t.generation, world_size=t.world_size,
+            self._event(EventKind.LIVE_REFORMED, level="debug", round=world.round, generation=t.generation, world_size=t.world_size,
                         reason=t.reason, wait_s=round(t.time - t.opened, 4))
         self._told = len(world.transitions)
 

@@ -22,6 +22,7 @@ from dlrover_core.master.context import MasterContext
 from dlrover_core.master.fleet import Fleet
 from dlrover_core.master.nodes import NodeRecord
 from dlrover_core.master.rendezvous import Round
+from dlrover_core.protocol.events import EventKind
 from dlrover_core.protocol.messages import PollState, RoundAssignment
 from dlrover_core.protocol.state import JobState
 
@@ -120,7 +121,7 @@ class Rounds:
         ctx.rdzv.leave(node.node_id)
         node.state, node.round = "running", rnd.index
         ctx.note_node(node, point="node_placed")
-        ctx.event("live_node_joining", node_id=node.node_id, round=rnd.index, nproc=nproc)
+        ctx.event(EventKind.LIVE_NODE_JOINING, node_id=node.node_id, round=rnd.index, nproc=nproc)
         # the workers' RANK/WORLD_SIZE until train.steps() gives them their place: their
         # slots' at the round's start (a node new to the round: after every other)
         if node.node_id in rnd:
@@ -168,8 +169,8 @@ class Rounds:
             ctx.book.state = JobState.RUNNING
         ctx.goodput.round_completed(ctx.clock(), ctx.started)
         ctx.rate.round_started()
-        ctx.event("rendezvous_completed", round=rnd.index, node_ids=list(rnd.node_ids), world_size=rnd.world_size,
-                  store_port=port)
+        ctx.event(EventKind.RENDEZVOUS_COMPLETED, round=rnd.index, node_ids=list(rnd.node_ids),
+                  world_size=rnd.world_size, store_port=port)
         ctx.wal.decided("round_formed")
 
     def _need_live_count(self) -> bool:
@@ -219,8 +220,8 @@ class Rounds:
         ctx.book.required_round = rnd.index + 1
         ctx.rdzv.open_round()
         ctx.livework.close(why)
-        ctx.event("membership_changed", round=ctx.required_round, from_nodes=len(rnd.node_ids), to_nodes=to_nodes,
-                  reason=why, **data)
+        ctx.event(EventKind.MEMBERSHIP_CHANGED, round=ctx.required_round, from_nodes=len(rnd.node_ids),
+                  to_nodes=to_nodes, reason=why, **data)
         ctx.wal.decided("membership_changed")
 
     def unknown(self, node_id: int, round_index: int) -> None:
@@ -233,14 +234,15 @@ class Rounds:
         ctx.rdzv.restore(Round(index=round_index, node_ids=(), nproc=()))
         ctx.book.required_round = round_index + 1
         ctx.rdzv.open_round()
-        ctx.event("membership_changed", round=ctx.required_round, reason=f"round {round_index} is unknown to the master")
+        ctx.event(EventKind.MEMBERSHIP_CHANGED, round=ctx.required_round,
+                  reason=f"round {round_index} is unknown to the master")
         ctx.wal.decided("membership_changed")
 
     # ----- node checks ---------------------------------------------------------------------
 
     def _start_check(self, nodes: list[int]) -> None:
         run = self._ctx.node_checks.start(nodes)
-        self._ctx.event("node_check_started", nodes=run.nodes, groups=run.groups)
+        self._ctx.event(EventKind.NODE_CHECK_STARTED, nodes=run.nodes, groups=run.groups)
 
     def advance_check(self, *, timed_out: bool = False) -> None:
         """Go on with the node check; when it is over, exclude the faulty nodes (and the
@@ -250,7 +252,7 @@ class Rounds:
         if verdict is None:
             return
         best = {str(k): round(v, 3) for k, v in verdict.best_s.items()}
-        ctx.event("node_check_finished", faulty=verdict.faulty, stragglers=verdict.stragglers, best_s=best)
+        ctx.event(EventKind.NODE_CHECK_FINISHED, faulty=verdict.faulty, stragglers=verdict.stragglers, best_s=best)
         for n in verdict.faulty:
             self._fleet.exclude(ctx.node(n), "it failed the node check twice")
         if ctx.job.failure.exclude_stragglers:

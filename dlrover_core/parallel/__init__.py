@@ -6,7 +6,10 @@ hook, and called as ``fn(model, ctx, **options) -> model`` with a :class:`Parall
 The optimizer is built after every strategy ran; strategies that must act on it register
 ``ctx.on_optimizer(hook)``.
 
-Built-ins, each a plugin module registered like any other:
+Each registers with ``replicated=`` (whether every data-parallel rank keeps the whole
+training state, which live recovery needs; ``True`` for ``ddp``, ``amp``, ``checkpoint``,
+``compile``; see :mod:`dlrover_core.parallel_rules`). Built-ins, each a plugin module
+registered like any other:
 
 ==============  ======================================================================
 ``mesh``        ``("mesh", [("data", 2), ("tensor", 2)])``: a ``DeviceMesh``, first-listed

@@ -47,4 +47,4 @@ def checkpoint(model: Any, ctx: Any, *, wrap_class: str | list[str]) -> Any:
 
 @hookimpl
 def dlrover_register_parallel_strategies(register):
-    register(checkpoint, name="checkpoint")
+    register(checkpoint, name="checkpoint", replicated=True)

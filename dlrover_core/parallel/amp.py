@@ -129,4 +129,4 @@ def amp(
 
 @hookimpl
 def dlrover_register_parallel_strategies(register):
-    register(amp, name="amp")
+    register(amp, name="amp", replicated=True)

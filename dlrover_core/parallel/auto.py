@@ -168,4 +168,4 @@ def auto(
 
 @hookimpl
 def dlrover_register_parallel_strategies(register):
-    register(auto, name="auto")
+    register(auto, name="auto", replicated=False)

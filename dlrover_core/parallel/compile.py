@@ -24,4 +24,4 @@ def compile_model(model: Any, ctx: Any, **options: Any) -> Any:
 
 @hookimpl
 def dlrover_register_parallel_strategies(register):
-    register(compile_model, name="compile")
+    register(compile_model, name="compile", replicated=True)

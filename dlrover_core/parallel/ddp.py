@@ -24,7 +24,7 @@ def _replicated_module_type() -> type:
 
     class ReplicatedModule(torch.nn.Module):
         """A model replicated on every rank whose DDP wrapper is rebuilt on each new process
-        group of the live world (DESIGN §5a), so the object the training script holds stays
+        group of the live world (docs/design.md §5a), so the object the training script holds stays
         valid when the world shrinks or grows.
 
         ``forward`` and ``no_sync()`` go to the current
@@ -115,4 +115,4 @@ def ddp(model: Any, ctx: Any, **options: Any) -> Any:
 
 @hookimpl
 def dlrover_register_parallel_strategies(register):
-    register(ddp, name="ddp")
+    register(ddp, name="ddp", replicated=True)

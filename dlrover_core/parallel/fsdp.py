@@ -74,4 +74,4 @@ def fsdp(
 
 @hookimpl
 def dlrover_register_parallel_strategies(register):
-    register(fsdp, name="fsdp")
+    register(fsdp, name="fsdp", replicated=False)

@@ -46,4 +46,4 @@ def mesh(model: Any, ctx: Any, *, dims: list[list[Any]]) -> Any:
 
 @hookimpl
 def dlrover_register_parallel_strategies(register):
-    register(mesh, name="mesh")
+    register(mesh, name="mesh", replicated=False)

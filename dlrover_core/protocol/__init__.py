@@ -1,12 +1,17 @@
 """Every message that crosses a process boundary, as frozen attrs classes with one converter.
 
+Requests and answers are in :mod:`~dlrover_core.protocol.messages`, the progress records a
+worker writes for its agent (and the agent forwards to the master) in
+:mod:`~dlrover_core.protocol.progress`, the job's events and their kinds in
+:mod:`~dlrover_core.protocol.events`.
+
 Layer: the bottom of the core with :mod:`dlrover_core.spec`; it imports nothing of the core
 but :mod:`dlrover_core.errors`, :mod:`dlrover_core.env`, :mod:`dlrover_core.logging` and
 :mod:`dlrover_core.retry`. See ``docs/architecture.md`` for the table of messages.
 """
 
 from dlrover_core.protocol.codec import converter, decode, encode
-from dlrover_core.protocol.events import JobEvent
+from dlrover_core.protocol.events import EventKind, JobEvent
 from dlrover_core.protocol.messages import (
     ENDPOINTS,
     Action,
@@ -39,8 +44,21 @@ from dlrover_core.protocol.messages import (
     ShardAnswer,
     ShardReport,
     Succeeded,
-    WorkerException,
     WorkerFailure,
+)
+from dlrover_core.protocol.progress import (
+    CheckpointRecord,
+    DoneRecord,
+    ExceptionRecord,
+    LiveReadyRecord,
+    LiveRecord,
+    ProgressRecord,
+    RecordType,
+    RestoreRecord,
+    StepRecord,
+    WorkerException,
+    decode_record,
+    encode_record,
 )
 from dlrover_core.protocol.result import FailureRecord, JobResult
 from dlrover_core.protocol.status import JobState, JobStatus, MasterStatus, NodeRow
@@ -51,8 +69,12 @@ __all__ = [
     "AssignNode",
     "Cancel",
     "CheckpointErrorReport",
+    "CheckpointRecord",
+    "DoneRecord",
     "ENDPOINTS",
     "Endpoint",
+    "EventKind",
+    "ExceptionRecord",
     "Exited",
     "FailureRecord",
     "FailureReport",
@@ -65,6 +87,8 @@ __all__ = [
     "Join",
     "Joined",
     "LiveAssignment",
+    "LiveReadyRecord",
+    "LiveRecord",
     "LiveReform",
     "MasterStatus",
     "NodeAssigned",
@@ -74,19 +98,25 @@ __all__ = [
     "NodeRow",
     "Poll",
     "PollState",
+    "ProgressRecord",
+    "RecordType",
     "Register",
     "Registered",
     "RestoreDecision",
     "RestorePlanRequest",
+    "RestoreRecord",
     "RestoreVerify",
     "RestoreVerifyAnswer",
     "RoundAssignment",
     "ShardAnswer",
     "ShardReport",
+    "StepRecord",
     "Succeeded",
     "WorkerException",
     "WorkerFailure",
     "converter",
     "decode",
+    "decode_record",
     "encode",
+    "encode_record",
 ]

@@ -27,18 +27,19 @@ host), ``register``
 (:class:`~dlrover_core.protocol.result.JobResult`).
 
 Also here: :class:`NodeRelaunch` (master → scheduler backend), :class:`WorkerFailure` and
-:class:`WorkerException` (a worker's failure as its agent reports it; the exception record a
-worker writes to its progress file), :class:`NodeCheckResult` (what the node-check process
+:class:`WorkerException` (a worker's failure as its agent reports it; the exception a worker
+records in its progress file, defined with the other progress records in
+:mod:`dlrover_core.protocol.progress`), :class:`NodeCheckResult` (what the node-check process
 prints for its agent).
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Any
 
 import attrs
 
+from dlrover_core.protocol.progress import ProgressRecord, WorkerException
 from dlrover_core.protocol.result import JobResult
 from dlrover_core.protocol.status import MasterStatus
 
@@ -89,7 +90,7 @@ class Action(str, enum.Enum):
     #: the job is over for you (it ended, your node was excluded, or you were replaced): stop and exit
     STOP = "stop"
     #: the failed workers are replaced while the others keep training: start only those,
-    #: as joiners of the running world (recovery without stopping, DESIGN §5a)
+    #: as joiners of the running world (recovery without stopping, docs/design.md §5a)
     REPLACE = "replace"
 
     def __str__(self) -> str:
@@ -337,7 +338,9 @@ class Heartbeat:
         workers: pid of every live worker, by global rank.
         steps: newest step each local rank reported, by global rank (only ranks that did).
         records: rank 0's new progress records, in order (``train.report`` steps,
-            checkpoint saves and restores, exceptions: JSON objects with a ``type``).
+            checkpoint saves and restores, live re-forms...:
+            :mod:`dlrover_core.protocol.progress`; on the wire the JSON objects of the
+            progress files, tagged by ``type``; a type the master does not know is dropped).
         saves: steps each rank saved for storage since the last heartbeat, by global rank.
         pid: the agent's process id (fences an agent without a token).
         token: the agent's fencing token.
@@ -347,7 +350,7 @@ class Heartbeat:
     round: int = -1
     workers: dict[int, int] = attrs.field(factory=dict)
     steps: dict[int, int] = attrs.field(factory=dict)
-    records: tuple[dict[str, Any], ...] = ()
+    records: tuple[ProgressRecord, ...] = ()
     saves: dict[int, tuple[int, ...]] = attrs.field(factory=dict)
     pid: int | None = None
     token: int | None = None
@@ -365,38 +368,6 @@ class HeartbeatAnswer:
 
     action: Action = Action.NONE
     fenced: bool = False
-
-
-@attrs.frozen(kw_only=True)
-class WorkerException:
-    """The uncaught exception a worker recorded before it died (worker → agent, a
-    ``{"type": "exception", ...}`` line of its progress file; then inside a
-    :class:`WorkerFailure`).
-
-    Attributes:
-        exc_type: the exception's type (``ValueError``; ``pkg.mod.Error`` outside builtins).
-        message: ``str(exception)``, at most 1,000 characters.
-        step: the last step the worker reported or restored (-1: none).
-        before_first_step: the worker had not reported a step yet (``None`` from workers
-            that did not say; then ``step`` < 0 counts as before).
-        traceback: the end of the formatted traceback.
-        unix_time_s: when it was raised (seconds since the epoch): the worker's own record,
-            or the timestamp torch's ``@record`` wrote into its error file (whole seconds);
-            ``None``: unknown.
-    """
-
-    exc_type: str
-    message: str = ""
-    step: int = -1
-    before_first_step: bool | None = None
-    traceback: str = ""
-    unix_time_s: float | None = None
-
-    def raised_before_first_step(self) -> bool:
-        """Whether it was raised before the worker's first step (at import or start-up)."""
-        if self.before_first_step is None:
-            return self.step < 0
-        return bool(self.before_first_step)
 
 
 @attrs.frozen(kw_only=True)
@@ -719,7 +690,7 @@ class LiveReform:
     master, ``/v1/live_reform``; asked again until the answer is ``ready``).
 
     A *generation* is one process group of the running round: generation 0 is the round's
-    own; each failure or rejoin makes the next, of the workers still alive (DESIGN §5a).
+    own; each failure or rejoin makes the next, of the workers still alive (docs/design.md §5a).
 
     Attributes:
         node_id: the worker's node.

@@ -10,7 +10,7 @@
     state = {"model": model, "optimizer": opt}
     restored = ckpt.load(state)
     for step in train.steps(total, state, start=restored.step + 1 if restored else 0):
-        with step:                            # a peer's death: the survivors go on (DESIGN §5a)
+        with step:                            # a peer's death: the survivors go on (docs/design.md §5a)
             ...
             train.report(step, loss=loss)
             ckpt.save(step, state)

@@ -86,6 +86,7 @@ from dlrover_core.protocol.messages import (
     RestoreVerifyAnswer,
     ShardReport,
 )
+from dlrover_core.protocol.progress import CheckpointRecord, RestoreRecord
 from dlrover_core.spec import Checkpoint
 from dlrover_core.storage.base import CheckpointStorage
 from dlrover_core.train.context import current_job, is_joiner, is_live, worker_info
@@ -242,7 +243,7 @@ class Checkpointer:
     def _snapshots(self, rank: int) -> MemorySnapshots | None:
         """This process's snapshot slots for ``rank``, the rank it holds now: a snapshot's
         segment name and header say which shard it is. In the live world ranks change hands
-        (DESIGN §5a): the slots of the old rank are let go (their snapshots stay for the
+        (docs/design.md §5a): the slots of the old rank are let go (their snapshots stay for the
         agent's saver, which learns the new rank from the progress records) and new ones
         are made for the new rank."""
         if self._memory is not None and self._memory.rank != rank:
@@ -332,8 +333,8 @@ class Checkpointer:
         stall_s = time.monotonic() - t0
         writer = get_writer()
         waited_s = snapshots.waited_s if snapshots is not None else 0.0
-        writer.write({"type": "checkpoint", "step": step, "stall_s": round(stall_s, 6), "where": where,
-                      "persist": persist, "bytes": layout.data_len, "waited_s": round(waited_s, 6)})
+        writer.write(CheckpointRecord(step=step, stall_s=round(stall_s, 6), where=where, persist=persist,
+                                      size_bytes=layout.data_len, waited_s=round(waited_s, 6)))
         writer.mark()
         log.debug("checkpoint_saved", step=step, where=where, persist=persist, stall_s=round(stall_s, 4))
         return True
@@ -481,7 +482,7 @@ class Checkpointer:
         load_s = time.monotonic() - t0
         self.restored_step = step
         writer = get_writer()
-        writer.write({"type": "restore", "step": step, "source": source, "load_s": round(load_s, 6)})
+        writer.write(RestoreRecord(step=step, source=source, load_s=round(load_s, 6)))
         writer.mark()
         log.info("checkpoint_restored", rank=rank, step=step, source=source, load_s=round(load_s, 4))
         return Restored(step=step, state=restored["state"], source=source, load_s=load_s)

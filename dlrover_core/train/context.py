@@ -86,9 +86,11 @@ def current_job() -> JobSpec | None:
 
 def is_live() -> bool:
     """Whether this worker can be re-formed without stopping (``train.steps()``): launched by
-    a dlrover agent for a Job with ``Failure(live_recovery=True)``."""
+    a dlrover agent for a Job whose failures can be recovered live (``Failure(live_recovery=True)``
+    and every parallel strategy keeping the state replicated: ``JobSpec.live_blocker`` is
+    empty, as the master and the agent see it too)."""
     job = current_job()
-    return (job is not None and job.failure.live_recovery and bool(os.environ.get(env.MASTER_ADDR))
+    return (job is not None and not job.live_blocker and bool(os.environ.get(env.MASTER_ADDR))
             and "RANK" in os.environ)
 
 

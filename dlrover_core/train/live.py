@@ -1,4 +1,4 @@
-"""Recovery without stopping, on the worker's side: ``train.steps()`` (DESIGN §5a).
+"""Recovery without stopping, on the worker's side: ``train.steps()`` (docs/design.md §5a).
 
 ::
 
@@ -55,6 +55,7 @@ from dlrover_core.logging import get_logger
 from dlrover_core.parallel.ddp import replicated_modules
 from dlrover_core.protocol.client import MasterClient
 from dlrover_core.protocol.messages import LiveAssignment, LiveReform
+from dlrover_core.protocol.progress import DoneRecord, LiveReadyRecord, LiveRecord
 from dlrover_core.train import process_group
 from dlrover_core.train.context import is_joiner, is_live, worker_info
 from dlrover_core.train.progress import get_writer
@@ -202,7 +203,8 @@ class _Loop:
         self._hooks: list[Any] = []
         self._watch = _GrowWatch(self)
         self._node_id = int(os.environ.get(env.NODE_ID, "0"))
-        self._local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        # its place on its node, also under --virtual-local-rank (which makes LOCAL_RANK 0)
+        self._local_rank = int(os.environ.get(env.LOCAL_RANK, os.environ.get("LOCAL_RANK", "0")))
         self._round = int(os.environ.get(env.ROUND, "0"))
         for obj in state.values():
             if hasattr(obj, "register_step_post_hook") and hasattr(obj, "param_groups"):  # an optimizer
@@ -304,7 +306,7 @@ class _Loop:
     def _tell_done(self) -> None:
         """The last step is done: the agent's hang watcher leaves this worker be while it
         exits, and a replacement still waiting to join need not."""
-        get_writer().write({"type": "done", "rank": self.rank, "step": self.next_step - 1})
+        get_writer().write(DoneRecord(rank=self.rank, step=self.next_step - 1))
         message = LiveReform(node_id=self._node_id, local_rank=self._local_rank, pid=os.getpid(), round=self._round,
                              generation=self.generation, step=self.applied, reason="done")
         with contextlib.suppress(DLRoverError):  # (whatever the answer: this worker is done)
@@ -322,7 +324,7 @@ class _Loop:
     def _start(self) -> None:
         if is_joiner():
             log.info("live_join_waiting", node_id=self._node_id, local_rank=self._local_rank)
-            get_writer().write({"type": "live_ready", "rank": self.rank})  # the agent may replace it alone
+            get_writer().write(LiveReadyRecord(rank=self.rank))  # the agent may replace it alone
             self.applied = -1
             self._recover("join", "")
         else:
@@ -335,7 +337,7 @@ class _Loop:
                 self.live = False
                 return
             self.grow_key = answer.grow_key or self.grow_key
-            get_writer().write({"type": "live_ready", "rank": self.rank})  # the agent may replace it alone
+            get_writer().write(LiveReadyRecord(rank=self.rank))  # the agent may replace it alone
 
     def _boundary(self) -> bool:
         """Whether the generation ends at this step boundary (a replacement waits to join):
@@ -393,9 +395,8 @@ class _Loop:
                 obj.set_world(self.rank, self.world_size)
         writer = get_writer()
         writer.rank, writer.generation = self.rank, self.generation
-        writer.write({"type": "live", "rank": self.rank, "reason": reason, "generation": self.generation,
-                      "world_size": self.world_size, "step": self.next_step,
-                      "reform_s": round(time.monotonic() - t0, 6), "t": time.time()})
+        writer.write(LiveRecord(rank=self.rank, reason=reason, generation=self.generation, world_size=self.world_size,
+                                step=self.next_step, reform_s=round(time.monotonic() - t0, 6), unix_time_s=time.time()))
         writer.mark()  # the next step's time leaves the re-form out
         self._in_flight = None
         if not was_replica:  # a replacement holds the state now: the master may count on it

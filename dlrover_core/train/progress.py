@@ -1,8 +1,11 @@
 """``report(step, *, total_steps, samples, tokens, **metrics)``: the worker's progress, read by its agent.
 
-Each call appends one JSON record to the file named by ``DLROVER_PROGRESS_FILE``; the agent
-tails it and forwards rank 0's records to the master (goodput, live progress) and every
-rank's newest step (hang detection). Outside dlrover the records go nowhere.
+Each call appends one record (a :class:`~dlrover_core.protocol.progress.StepRecord`, one JSON
+object a line) to the file named by ``DLROVER_PROGRESS_FILE``; the agent tails it and
+forwards rank 0's records to the master (goodput, live progress) and every rank's newest step
+(hang detection). Checkpoint saves and restores, ``train.steps()`` and the excepthook write
+their records through the same :class:`ProgressWriter`
+(:mod:`dlrover_core.protocol.progress` has every kind). Outside dlrover the records go nowhere.
 
 Step time is measured between marks: the end of the previous ``report()``, or of a
 checkpoint save or restore, whichever is newest, so checkpoint stalls and restores are not
@@ -11,7 +14,6 @@ counted as productive time.
 
 from __future__ import annotations
 
-import json
 import math
 import operator
 import os
@@ -22,8 +24,14 @@ import traceback
 from typing import Any
 
 from dlrover_core.errors import CheckpointError
-from dlrover_core.protocol.codec import encode
-from dlrover_core.protocol.messages import WorkerException
+from dlrover_core.protocol.progress import (
+    ExceptionRecord,
+    ProgressRecord,
+    RestoreRecord,
+    StepRecord,
+    WorkerException,
+    record_line,
+)
 
 __all__ = ["ProgressWriter", "get_writer", "install_excepthook", "report"]
 
@@ -84,13 +92,14 @@ class ProgressWriter:
     #: the step a checkpoint restore went back to (``report`` of it or an earlier step is a replay)
     restored_step: int | None = None
 
-    def write(self, record: dict[str, Any]) -> None:
-        if record.get("type") == "restore":
-            self.last_step = int(record["step"])  # the step training goes on from
-            self.restored_step = int(record["step"])
+    def write(self, record: ProgressRecord) -> None:
+        """Append ``record`` (one line); a restore also moves :attr:`last_step` back."""
+        if isinstance(record, RestoreRecord):
+            self.last_step = record.step  # the step training goes on from
+            self.restored_step = record.step
         if self._file is None:
             return
-        line = json.dumps(record, allow_nan=True, separators=(",", ":"))
+        line = record_line(record)
         with self._lock:
             self._file.write(line + "\n")
 
@@ -122,14 +131,9 @@ class ProgressWriter:
         self._mark = now
         self.last_dt = dt
         clean = {k: _to_float(k, v) for k, v in metrics.items()}
-        record = {"type": "step", "step": int(step), "rank": self.rank, "dt": round(dt, 6), "t": time.time(),
-                  "metrics": {k: (v if math.isfinite(v) else str(v)) for k, v in clean.items()}}
-        if self.generation:  # the master orders records of ranks on different nodes by it
-            record["gen"] = self.generation
-        if self.total_steps is not None:
-            record["total_steps"] = self.total_steps
-        record.update(counts)
-        self.write(record)
+        # (the generation: the master orders records of ranks on different nodes by it)
+        self.write(StepRecord(step=int(step), rank=self.rank, dt_s=round(dt, 6), unix_time_s=time.time(),
+                              metrics=clean, generation=self.generation, total_steps=self.total_steps, **counts))
         return dt
 
 
@@ -201,7 +205,7 @@ def install_excepthook() -> None:
                 else f"{exc_type.__module__}.{exc_type.__qualname__}",
                 message=str(exc)[:1000], step=writer.last_step, before_first_step=writer.steps_reported == 0,
                 traceback="".join(traceback.format_exception(exc_type, exc, tb)[-40:]), unix_time_s=time.time())
-            writer.write({"type": "exception", **encode(record), "t": time.time()})
+            writer.write(ExceptionRecord(exception=record))
         finally:
             previous(exc_type, exc, tb)
 

@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 from dlrover_core import Checkpoint, Failure, Job, Nodes, jobplot
+from dlrover_core.runner import exit_code
 from dlrover_core.testing import kill_worker_at_step
 
 HERE = Path(__file__).resolve().parent
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"plot: {exc}", file=sys.stderr)
             return 1
         print(f"plot: wrote {drawn.path} ({drawn.markers['failure']} failure(s), {drawn.markers['commit']} commit(s))")
-    return 0 if result.state.value == "SUCCEEDED" else 1
+    return exit_code(result, run.stop_signal)  # 0, 1, or 130 / 143 after Ctrl-C / SIGTERM (README: exit codes)
 
 
 if __name__ == "__main__":

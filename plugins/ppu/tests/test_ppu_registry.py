@@ -31,7 +31,7 @@ def test_the_installed_plugin_registers_ppu():
 def test_plugins_list_shows_ppu():
     result = CliRunner().invoke(cli, ["plugins", "list", "--json"])
     assert result.exit_code == 0, result.output
-    (ppu,) = [p for p in json.loads(result.output) if p["name"] == "ppu"]
+    (ppu,) = [p for p in json.loads(result.stdout) if p["name"] == "ppu"]
     assert ppu["distribution"] == "dlrover-plugin-ppu"
     assert ppu["backends"] == {"accelerator": ["ppu"]}
 

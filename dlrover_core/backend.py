@@ -14,24 +14,27 @@ What is here, by kind of backend:
   :func:`pci_numa_node` (a PCI device's NUMA node, for ``Accelerator.numa_nodes``);
 - **schedulers**: :class:`SchedulerBackend` (a template: a backend implements
   ``build_plan`` and ``execute``), :class:`Capabilities`, :class:`SchedulerOption` (options as
-  data) and :class:`OptionValue`, :class:`Plan`, :class:`ProcessSpec`, :class:`JobHandle`;
+  data) and :class:`OptionValue`, :class:`Plan`, :class:`ProcessSpec`, :class:`JobHandle`,
+  :class:`Submission` (what ``submit`` persisted: ``SchedulerBackend.submission(handle)``);
   :func:`resolve_options`, :func:`fetch_master_status`, :func:`read_result`,
   :func:`status_of_result` (what every backend shares); the job's data (:class:`JobSpec`) and the
   messages a backend sees (:class:`MasterStatus`, :class:`JobStatus`, :class:`JobState`,
   :class:`JobResult`, :class:`NodeRelaunch`) and sends (:class:`FailureReport` of
   :class:`WorkerFailure`, answered by an :class:`Action`); :class:`MasterClient` to ask a running master;
+  :mod:`control_plane` (the master's and agents' command lines, environment, ``DLROVER_JOB_SPEC``
+  and ``OMP_NUM_THREADS``: a backend only places them),
   :func:`preview_workers` (the first round's worker processes, for a dry run),
   :func:`tail_logs`, :func:`remove_segments` / :data:`SHM_DIR` (a node's shared memory);
 - **storages**: :class:`CheckpointStorage` (and :class:`PosixStorage` to build on);
 - **all**: :data:`hookimpl`, :func:`get_host` (the process's plugin host: other registered backends) and :class:`PluginHost` (a host of its own, e.g. one that loads only your plugin in a test),
   :func:`get_logger` / :func:`configure_logging`, :mod:`env` (the environment variables the
-  core sets and reads), the retry presets (:func:`api_retrying`, :func:`rpc_retrying`,
+  core sets and reads), :mod:`rundir` (the files of a run directory, by name), the retry presets (:func:`api_retrying`, :func:`rpc_retrying`,
   :func:`master_retrying`, :func:`storage_retrying`), :func:`write_atomic`.
 """
 
 from __future__ import annotations
 
-from dlrover_core import env
+from dlrover_core import control_plane, env, rundir
 from dlrover_core.accelerators.base import Accelerator, DeviceReport, NodeCheckResult
 from dlrover_core.accelerators.numa import pci_numa_node
 from dlrover_core.accelerators.tools import TOOL_TIMEOUT_S, ToolOutput, cpu_only_torch, run_tool, try_import
@@ -62,6 +65,7 @@ from dlrover_core.scheduler_backend import (
     ProcessSpec,
     SchedulerBackend,
     SchedulerOption,
+    Submission,
     read_result,
     resolve_options,
     status_of_result,
@@ -96,10 +100,12 @@ __all__ = [
     "ProcessSpec",
     "SchedulerBackend",
     "SchedulerOption",
+    "Submission",
     "ToolOutput",
     "WorkerFailure",
     "api_retrying",
     "configure_logging",
+    "control_plane",
     "env",
     "fetch_master_status",
     "get_host",
@@ -112,6 +118,7 @@ __all__ = [
     "remove_segments",
     "resolve_options",
     "rpc_retrying",
+    "rundir",
     "run_tool",
     "status_of_result",
     "storage_retrying",

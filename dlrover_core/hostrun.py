@@ -71,8 +71,9 @@ from pathlib import Path
 import attrs
 import psutil
 
-from dlrover_core import env
+from dlrover_core import env, rundir
 from dlrover_core.agent import __main__ as agent_main
+from dlrover_core.control_plane import encode_job
 from dlrover_core.display import ProgressDisplay, exit_code
 from dlrover_core.errors import DLRoverError, JobSpecError
 from dlrover_core.fileio import write_atomic
@@ -83,6 +84,7 @@ from dlrover_core.protocol import JobResult, JobState
 from dlrover_core.protocol.client import MasterClient, fetch_master_status
 from dlrover_core.protocol.messages import AssignNode, FailureReport, WorkerFailure
 from dlrover_core.retry import rpc_retrying
+from dlrover_core.rundir import RunDir
 from dlrover_core.scheduler_backend import new_job_id
 from dlrover_core.spec import JobSpec
 from dlrover_core.stoplatch import StopLatch
@@ -321,7 +323,7 @@ class _Launcher:
         self._forwarded: dict[int, float] = {}  # pid -> when the stop signal was last sent to it
         self._stop_noted = False
         self._scratch = tempfile.TemporaryDirectory(prefix="dlrover-run-")
-        self.result_file = Path(self._scratch.name) / "result.json"
+        self.result_file = Path(self._scratch.name) / rundir.RESULT
 
     @property
     def stop_signal(self) -> int | None:
@@ -332,7 +334,7 @@ class _Launcher:
 
     def _base_env(self) -> dict[str, str]:
         variables = {**os.environ, "PYTHONUNBUFFERED": "1", env.WATCH_PID: str(os.getpid()),
-                     env.JOB_SPEC: json.dumps(self.plan.job.to_dict(), separators=(",", ":")),
+                     env.JOB_SPEC: encode_job(self.plan.job),
                      env.MASTER_ADDR: self.endpoint}
         variables.pop(env.MASTER_ADDR_FILE, None)
         return variables
@@ -347,7 +349,7 @@ class _Launcher:
         argv = ["--job-id", self.job_id, "--listen-fd", str(self.sock.fileno()), "--port", str(self.port),
                 "--store-host", self.host, "--log-dir", str(self.run_dir), "--relaunch-by-launchers"]
         self.master = _Child("dlrover-master", master_main.main, argv, environ=self._base_env(),
-                             output=self.run_dir / "master.log", close=tuple(self._outputs), ignore=self.signals)
+                             output=RunDir(self.run_dir).master_log, close=tuple(self._outputs), ignore=self.signals)
         log.debug("master_started_by_launcher", pid=self.master.pid, endpoint=self.endpoint)
 
     def _start_agent(self) -> None:
@@ -509,7 +511,7 @@ class _Launcher:
                 while self.master.poll() is None and time.monotonic() < deadline:
                     self._forward_stop()
                     self._idle(0.05)
-            return self._read_result(self.run_dir / "result.json")
+            return self._read_result(RunDir(self.run_dir).result)
         return self._read_result(self.result_file)  # what this host's agent kept at its end
 
     def _write_own_result(self) -> JobResult:
@@ -524,12 +526,12 @@ class _Launcher:
             reason = f"{self.latch.name} to dlrover run (pid {os.getpid()}) {when}"
         else:
             state = JobState.FAILED
-            reason = f"the job master exited without writing the job's result (see {self.run_dir / 'master.log'})"
+            reason = f"the job master exited without writing the job's result (see {RunDir(self.run_dir).master_log})"
         result = JobResult(job_id=self.job_id, state=state, reason=reason, final_step=-1, restarts=0,
                            wall_time_s=round(max(0.0, time.time() - self.started), 3), productive_s=0.0, goodput=0.0,
                            checkpoint_stall_s=0.0, restore_s=0.0, recomputed_s=0.0, detection_s=0.0, restart_s=0.0,
                            rendezvous_s=0.0, startup_s=0.0, failures=(), metrics={}, log_dir=str(self.run_dir))
-        write_atomic(self.run_dir / "result.json", json.dumps(result.to_dict(), indent=2))
+        write_atomic(RunDir(self.run_dir).result, json.dumps(result.to_dict(), indent=2))
         log.warning("job_result_written_by_launcher", job_id=self.job_id, state=state.value, reason=reason)
         return result
 
@@ -570,7 +572,7 @@ class _Launcher:
             self.job_id = self.job_id or new_job_id(plan.job.name)
             self.run_dir = Path(plan.log_dir) / self.job_id
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            for stale in ("master_journal.json", "result.json"):  # an earlier run's with this id: start afresh
+            for stale in (rundir.JOURNAL, rundir.RESULT):  # an earlier run's with this id: start afresh
                 path = self.run_dir / stale
                 if path.exists():  # (a journal: its master crashed; a result: it ended)
                     path.rename(path.with_suffix(f".{int(time.time())}.old"))
@@ -597,10 +599,10 @@ class _Launcher:
         before a master started, this launcher stands in its place)."""
         assert self.run_dir is not None
         master_pid = self.master.pid if self.master is not None else os.getpid()
-        write_atomic(self.run_dir / "job.json", json.dumps({
+        write_atomic(RunDir(self.run_dir).job, json.dumps({
             "scheduler": "local", "job_id": self.job_id, "log_dir": str(self.run_dir),
             "native_id": str(master_pid)}, indent=2))
-        write_atomic(self.run_dir / "handle.json", json.dumps({
+        write_atomic(RunDir(self.run_dir).handle, json.dumps({
             "job_id": self.job_id, "master_addr": self.endpoint, "master_pid": master_pid, "agents": {},
             "processes": [], "launcher_pid": os.getpid()}, indent=2))
 
@@ -660,7 +662,7 @@ class _Launcher:
 
     def _master_died(self) -> None:
         assert self.master is not None and self.run_dir is not None
-        if (self.run_dir / "result.json").exists():
+        if RunDir(self.run_dir).result.exists():
             return  # it ended the job (its agents are stopping)
         if self.master_restarts >= _MASTER_RESTARTS:
             return
@@ -679,7 +681,7 @@ class _Launcher:
         result = self._result()
         if result is None and self.run_dir is not None:
             self._stop_children()  # a master still running past the wait: stopped now
-            result = self._read_result(self.run_dir / "result.json") or self._write_own_result()
+            result = self._read_result(RunDir(self.run_dir).result) or self._write_own_result()
         self._copy_remaining_output()
         if self.display is not None:
             self.display.stop()

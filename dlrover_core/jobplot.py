@@ -37,6 +37,7 @@ from typing import Any
 
 import attrs
 
+from dlrover_core import rundir
 from dlrover_core.errors import DLRoverError, ProtocolError
 from dlrover_core.logging import get_logger
 from dlrover_core.protocol.events import EventKind
@@ -59,10 +60,10 @@ __all__ = [
 
 log = get_logger()
 
-EVENTS_FILE = "events.jsonl"
-RESULT_FILE = "result.json"
-GOODPUT_FILE = "goodput.json"
-HANDLE_FILE = "job.json"  # what `dlrover status` looks for (dlrover_core.runner.HANDLE_FILE)
+EVENTS_FILE = rundir.EVENTS
+RESULT_FILE = rundir.RESULT
+GOODPUT_FILE = rundir.GOODPUT
+HANDLE_FILE = rundir.JOB  # what `dlrover status` looks for
 PLOT_EXTRA_HINT = "pip install 'dlrover-core[plot]'"
 
 #: The goodput totals drawn in the bar, in order: key in result.json -> label.
@@ -324,14 +325,10 @@ def _progress_records(run_dir: Path, node_id: int | None = None, round_index: in
                       keep: Callable[[ProgressRecord], bool] = lambda r: True) -> list[_Record]:
     """The progress records under ``run_dir`` that ``keep`` keeps, of one node and round
     when given (a large job's records do not all fit in memory, and need not)."""
-    node = "*" if node_id is None else str(node_id)
-    rnd = "*" if round_index is None else str(round_index)
     out = []
-    for path in sorted(run_dir.glob(f"node_{node}/round_{rnd}/progress_*.jsonl")):
-        try:
-            n = int(path.parent.parent.name.removeprefix("node_"))
-            r = int(path.parent.name.removeprefix("round_"))
-        except ValueError:
+    for path in rundir.RunDir(run_dir).progress_files(node_id, round_index):
+        n, r = rundir.node_of_dir(path.parent.parent.name), rundir.round_of_dir(path.parent.name)
+        if n is None or r is None:
             continue  # not a directory the agent wrote
         out += [_Record(n, r, d) for d in _read_progress(path) if keep(d)]
     return out

@@ -6,9 +6,12 @@ checks the Job against the backend's capabilities and declared options, resolves
 makes the workdir and log_dir absolute, mints the job id and then asks the backend to
 :meth:`~SchedulerBackend.build_plan`: a :class:`Plan` carrying a typed, backend-specific
 ``request`` (k8s manifests, an sbatch script and its argv, container specs, processes).
-:meth:`SchedulerBackend.submit` records the plan in the run directory and hands it to
-:meth:`~SchedulerBackend.execute`, which acts on ``plan.request`` as it is, never on the
-text rendered from it.
+:meth:`SchedulerBackend.submit` records the plan in the run directory (``plan.txt`` for
+people; ``request.json``, the typed :class:`Submission`, for the backend itself) and hands it
+to :meth:`~SchedulerBackend.execute`, which acts on ``plan.request`` as it is, never on the
+text rendered from it. A backend that needs its request or the Job again (a relaunch, a
+status after the submitting process restarted) reads :meth:`SchedulerBackend.submission`,
+never its own output.
 
 ``JobState``, ``JobStatus`` and ``JobResult`` live in :mod:`dlrover_core.protocol` and are
 re-exported here for backend authors."""
@@ -26,12 +29,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 
-from dlrover_core.errors import JobSpecError, SchedulerError
+from dlrover_core import rundir
+from dlrover_core.errors import JobSpecError, ProtocolError, SchedulerError
+from dlrover_core.fileio import write_atomic
+from dlrover_core.logging import get_logger
 from dlrover_core.protocol import JobResult, JobState, JobStatus, NodeRelaunch
+from dlrover_core.protocol.codec import decode, encode
+from dlrover_core.spec import JobSpec
 
 if TYPE_CHECKING:
     from dlrover_core.accelerators.base import Accelerator
-    from dlrover_core.spec import JobSpec
 
 __all__ = [
     "Capabilities",
@@ -44,6 +51,7 @@ __all__ = [
     "ProcessSpec",
     "SchedulerBackend",
     "SchedulerOption",
+    "Submission",
     "new_job_id",
     "read_result",
     "resolve_options",
@@ -304,6 +312,61 @@ class Plan:
 
 
 @attrs.frozen(kw_only=True)
+class Submission:
+    """What :meth:`SchedulerBackend.submit` persisted of a plan (``<run dir>/request.json``):
+    typed, so a backend finds its request and the Job again without reading its own output.
+
+    Attributes:
+        scheduler: the backend's name.
+        job_id: the run's id.
+        log_dir: the run directory.
+        job: the Job the plan was made from.
+        request: the plan's typed request (of the backend's ``request_type``; where it declares
+            none, the request as JSON data).
+        processes: the plan's processes (local backends).
+    """
+
+    scheduler: str
+    job_id: str
+    log_dir: str
+    job: JobSpec
+    request: Any = None
+    processes: tuple[ProcessSpec, ...] = ()
+
+    @classmethod
+    def of(cls, plan: Plan) -> Submission:
+        """The submission of ``plan``."""
+        return cls(scheduler=plan.scheduler, job_id=plan.job_id, log_dir=plan.log_dir, job=plan.job,
+                   request=plan.request, processes=plan.processes)
+
+    def to_json(self) -> str:
+        """As ``request.json`` holds it.
+
+        Raises:
+            TypeError, ValueError: the request does not turn into JSON.
+        """
+        return json.dumps({
+            "scheduler": self.scheduler, "job_id": self.job_id, "log_dir": self.log_dir, "job": self.job.to_dict(),
+            "request": encode(self.request), "processes": [encode(p) for p in self.processes],
+        }, indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, request_type: type | None = None) -> Submission:
+        """Read ``request.json`` back, its request as ``request_type`` (``None``: plain data).
+
+        Raises:
+            ValueError: not JSON; JobSpecError (a ValueError): the Job does not decode;
+            ProtocolError (a ValueError): the request or a process does not decode.
+        """
+        data = json.loads(text)
+        request = data.get("request")
+        return cls(scheduler=data["scheduler"], job_id=data["job_id"], log_dir=data["log_dir"],
+                   job=JobSpec.from_dict(data["job"]),
+                   request=request if request_type is None else decode(request_type, request),
+                   processes=tuple(decode(ProcessSpec, p) for p in data.get("processes", ())))
+
+
+@attrs.frozen(kw_only=True)
 class JobHandle:
     """How to find a submitted job again: ``str(handle)`` is ``"<scheduler>://<job_id>"``."""
 
@@ -328,7 +391,7 @@ def read_result(log_dir: str | Path) -> JobResult | None:
     """The :class:`JobResult` the master wrote to ``<log_dir>/result.json``; ``None`` while
     there is none."""
     try:
-        text = (Path(log_dir) / "result.json").read_text()
+        text = rundir.RunDir(log_dir).result.read_text()
     except FileNotFoundError:
         return None
     return JobResult.from_dict(json.loads(text))
@@ -449,16 +512,46 @@ class SchedulerBackend(abc.ABC):
     def submit(self, plan: Plan) -> JobHandle:
         """Start what ``plan`` describes; return without waiting for the job.
 
-        Refuses a plan another backend made, writes ``<log_dir>/plan.txt``, then calls
-        :meth:`execute`."""
+        Refuses a plan another backend made, writes ``<log_dir>/plan.txt`` and
+        ``<log_dir>/request.json`` (the :class:`Submission`, read by :meth:`submission`), then
+        calls :meth:`execute`."""
         if plan.scheduler != self.name or (self.request_type is not None
                                            and not isinstance(plan.request, self.request_type)):
             raise SchedulerError(f"scheduler {self.name!r} cannot submit this plan (made by {plan.scheduler!r}, "
                                  f"request {type(plan.request).__name__}): submit what its dryrun returned")
         log_dir = Path(plan.log_dir)
         log_dir.mkdir(parents=True, exist_ok=True)
-        (log_dir / "plan.txt").write_text(str(plan) + "\n")
+        run = rundir.RunDir(log_dir)
+        run.plan.write_text(str(plan) + "\n")
+        try:
+            text = Submission.of(plan).to_json()
+        except (TypeError, ValueError) as exc:  # a request of a third-party backend without JSON form
+            get_logger().warning("request_not_persisted", job_id=plan.job_id, scheduler=self.name,
+                                 error=f"{type(exc).__name__}: {exc}")
+        else:
+            write_atomic(run.request, text)
         return self.execute(plan)
+
+    def submission(self, handle: JobHandle) -> Submission:
+        """What :meth:`submit` persisted of the job of ``handle`` (its typed request, Job and
+        processes), from ``<log_dir>/request.json``.
+
+        Raises:
+            SchedulerError: there is none (not submitted from this run directory, or the
+                request had no JSON form), or it does not decode.
+        """
+        path = rundir.RunDir(handle.log_dir).request
+        try:
+            text = path.read_text()
+            scheduler = json.loads(text).get("scheduler")
+            if scheduler != self.name:
+                raise SchedulerError(f"{path} is a submission to scheduler {scheduler!r}, not {self.name!r}")
+            return Submission.from_json(text, self.request_type)
+        except FileNotFoundError:
+            raise SchedulerError(f"no {rundir.REQUEST} in {handle.log_dir}: job {handle.job_id} was not submitted "
+                                 f"from there") from None
+        except (AttributeError, KeyError, TypeError, ValueError, ProtocolError) as exc:
+            raise SchedulerError(f"{path} does not decode: {type(exc).__name__}: {exc}") from None
 
     @abc.abstractmethod
     def build_plan(self, job: JobSpec, *, job_id: str, log_dir: str, options: dict[str, Any]) -> Plan:

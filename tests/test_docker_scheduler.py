@@ -20,7 +20,7 @@ import psutil
 import pytest
 from helpers import ROOT, SCRIPTS, shm_entries
 
-from dlrover_core import Checkpoint, Failure, Job, JobSpecError, JobState, Nodes
+from dlrover_core import Checkpoint, Failure, Job, JobSpecError, JobState, Nodes, control_plane
 from dlrover_core.errors import SchedulerError
 from dlrover_core.scheduler_backend import JobHandle
 from dlrover_core.schedulers import docker as docker_backend
@@ -87,7 +87,7 @@ def test_dryrun_is_pure_and_matches_the_golden_file(tmp_path, monkeypatch):
     monkeypatch.setattr(_scheduler, "runtime_mounts",
                         lambda: [("/usr", True), ("/opt/python", True), ("/opt/venv", True), ("/src/dlrover", True)])
     monkeypatch.setattr(sys, "executable", "/opt/venv/bin/python")
-    monkeypatch.setattr(_scheduler, "_cores", lambda: 8)
+    monkeypatch.setattr(control_plane, "host_cores", lambda: 8)
 
     def no_engine(*a, **k):
         raise AssertionError("dryrun must not talk to the engine")

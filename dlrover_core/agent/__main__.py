@@ -7,7 +7,6 @@ The Job comes as JSON in ``DLROVER_JOB_SPEC``; the master's address in
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import threading
@@ -17,13 +16,13 @@ from pathlib import Path
 
 from dlrover_core import env
 from dlrover_core.agent.agent import ElasticAgent
+from dlrover_core.control_plane import decode_job
 from dlrover_core.errors import MasterUnavailableError
 from dlrover_core.logging import bind_process, configure, get_logger
 from dlrover_core.plugins import get_host
 from dlrover_core.protocol.client import MasterClient
 from dlrover_core.protocol.messages import Action, AssignNode
 from dlrover_core.retry import rpc_retrying
-from dlrover_core.spec import JobSpec
 
 
 def _watch(pid: int, on_gone: Callable[[], None]) -> None:
@@ -61,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     configure()
     log = get_logger()
 
-    job = JobSpec.from_dict(json.loads(os.environ[env.JOB_SPEC]))
+    job = decode_job(os.environ[env.JOB_SPEC])
     accelerator = get_host().create_accelerator(os.environ.get(env.ACCELERATOR) or job.accelerator)
     nproc = job.nodes.nproc_per_node
     nproc = accelerator.default_nproc_per_node() if nproc == "auto" else int(nproc)

@@ -48,12 +48,14 @@ from typing import IO, Any, Protocol, TypeVar
 import attrs
 
 from dlrover_core import env as env_names
+from dlrover_core import rundir
 from dlrover_core.agent.hang import PEER_DUMP_GRACE_S, HangWatcher
 from dlrover_core.agent.launch import worker_argv, worker_env
 from dlrover_core.agent.progress import ProgressTail, exception_from_error_file, exception_from_output
 from dlrover_core.agent.workers import Standby, WorkerProcess, kill_trees
 from dlrover_core.checkpoint.saver import CheckpointSaver
 from dlrover_core.checkpoint.shm import node_prefix, remove_segments
+from dlrover_core.control_plane import OMP_NUM_THREADS, omp_num_threads
 from dlrover_core.errors import MasterUnavailableError, ProtocolError, RendezvousError
 from dlrover_core.fileio import write_atomic
 from dlrover_core.logging import get_logger
@@ -79,6 +81,7 @@ from dlrover_core.protocol.messages import (
 )
 from dlrover_core.protocol.progress import CheckpointRecord, ProgressRecord
 from dlrover_core.retry import rpc_retrying
+from dlrover_core.rundir import RunDir
 from dlrover_core.signals import SignalWatcher
 from dlrover_core.spec import JobSpec
 
@@ -161,7 +164,7 @@ class ElasticAgent:
         self.node_id = node_id
         self.client = client
         self.log_dir = log_dir
-        self.node_dir = log_dir / f"node_{node_id}"
+        self.node_dir = RunDir(log_dir).node_dir(node_id)
         self.accelerator = accelerator
         self.nproc = nproc
         self.echo = echo if echo is not None else sys.stdout
@@ -454,14 +457,14 @@ class ElasticAgent:
     # ----- one round -----------------------------------------------------------------------
 
     def _start_workers(self, world: RoundAssignment) -> None:
-        round_dir = self.node_dir / f"round_{world.round}"
+        round_dir = self.node_dir / rundir.round_dir(world.round)
         round_dir.mkdir(parents=True, exist_ok=True)
         argv = worker_argv(self.job)
         self.workers, self._tails = [], {}
         for local_rank in range(world.nproc):
             rank = world.rank_offset + local_rank
-            progress = round_dir / f"progress_rank{rank}.jsonl"
-            error_file = _fresh(round_dir / f"error_rank{rank}.json")
+            progress = round_dir / rundir.progress_file(rank)
+            error_file = _fresh(round_dir / rundir.error_file(rank))
             env = {**os.environ, **worker_env(
                 self.job, job_id=self.job_id, node_id=self.node_id, world=world, local_rank=local_rank,
                 master_addr=self.client.addr, accelerator=self.accelerator, progress_file=str(progress),
@@ -471,7 +474,7 @@ class ElasticAgent:
                 env[env_names.LIVE_JOIN] = "1"
             standby = self._take_standby()
             worker = WorkerProcess(rank=rank, local_rank=local_rank, argv=argv, env=env, cwd=self.job.workdir,
-                                   log_file=self.node_dir / f"rank_{rank}.log", echo=self.echo, standby=standby)
+                                   log_file=self.node_dir / rundir.rank_log(rank), echo=self.echo, standby=standby)
             self.workers.append(worker)
             self._tails[rank] = ProgressTail(progress, started=time.monotonic(), error_file=error_file)
         if self.saver is not None:
@@ -486,8 +489,9 @@ class ElasticAgent:
         """What a standby imports torch with: the workers' values of the variables libraries
         read at import time."""
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "DLROVER_WATCH_PID": str(os.getpid())}
-        if self.nproc > 1 and "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in self.job.env:
-            env["OMP_NUM_THREADS"] = "1"
+        threads = omp_num_threads(self.job, nproc=self.nproc, environ=os.environ)
+        if threads is not None:
+            env[OMP_NUM_THREADS] = threads
         env.update(self.accelerator.worker_env(0, self.nproc))
         env.update(self.job.env)
         return env
@@ -735,21 +739,21 @@ class ElasticAgent:
         is ready); it joins the running world with its peers' live state."""
         world = self._world
         assert world is not None
-        round_dir = self.node_dir / f"round_{world.round}"
+        round_dir = self.node_dir / rundir.round_dir(world.round)
         argv = worker_argv(self.job)
         kill_trees([w for w in failed if w.poll() is None], grace_s=0.0)  # a frozen one
         for old in failed:
             self._replacements += 1
             rank, local_rank = old.rank, old.local_rank
-            progress = round_dir / f"progress_rank{rank}_r{self._replacements}.jsonl"
-            error_file = _fresh(round_dir / f"error_rank{rank}_r{self._replacements}.json")
+            progress = round_dir / rundir.progress_file(rank, self._replacements)
+            error_file = _fresh(round_dir / rundir.error_file(rank, self._replacements))
             env = {**os.environ, **worker_env(
                 self.job, job_id=self.job_id, node_id=self.node_id, world=world, local_rank=local_rank,
                 master_addr=self.client.addr, accelerator=self.accelerator, progress_file=str(progress),
                 log_dir=str(self.log_dir), agent_pid=os.getpid(), agent_token=self.token, error_file=str(error_file),
             ), "DLROVER_STACK_FILE": str(self.hangs.stack_file(world.round, rank)), env_names.LIVE_JOIN: "1"}
             worker = WorkerProcess(rank=rank, local_rank=local_rank, argv=argv, env=env, cwd=self.job.workdir,
-                                   log_file=self.node_dir / f"rank_{rank}.log", echo=self.echo,
+                                   log_file=self.node_dir / rundir.rank_log(rank), echo=self.echo,
                                    standby=self._take_standby())
             with self._state_lock:
                 self.workers[self.workers.index(old)] = worker

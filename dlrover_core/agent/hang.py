@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from dlrover_core import rundir
 from dlrover_core.agent.progress import ProgressTail
 from dlrover_core.agent.workers import WorkerProcess
 from dlrover_core.logging import get_logger
@@ -62,7 +63,7 @@ class HangWatcher:
 
     def stack_file(self, round_index: int, rank: int) -> Path:
         """Where a worker's stacks are written (``DLROVER_STACK_FILE``)."""
-        return self.node_dir / f"stacks_round{round_index}_rank{rank}.txt"
+        return self.node_dir / rundir.stack_file(round_index, rank)
 
     def timeout_s(self, tails: Mapping[int, ProgressTail]) -> float | None:
         """The hang timeout: ``Failure.hang_timeout_s``, or derived once steps were seen

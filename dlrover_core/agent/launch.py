@@ -6,15 +6,16 @@ shows exactly what runs.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from typing import Any
 
 from dlrover_core import env
 from dlrover_core.accelerators.numa import cpu_ranges, cpus_to_bind
+from dlrover_core.control_plane import OMP_NUM_THREADS, encode_job, omp_num_threads
 from dlrover_core.errors import DeviceError
 from dlrover_core.protocol.messages import PollState, RoundAssignment
+from dlrover_core.rundir import RunDir
 from dlrover_core.scheduler_backend import ProcessSpec
 from dlrover_core.spec import JobSpec
 
@@ -84,7 +85,7 @@ def worker_env(
         "PYTHONUNBUFFERED": "1",
         # dlrover's own
         env.JOB_ID: job_id,
-        env.JOB_SPEC: json.dumps(job.to_dict(), separators=(",", ":")),
+        env.JOB_SPEC: encode_job(job),
         env.LOG_DIR: log_dir,
         env.MASTER_ADDR: master_addr,
         env.NODE_ID: str(node_id),
@@ -94,8 +95,9 @@ def worker_env(
         env.PROGRESS_FILE: progress_file,
         env.WATCH_PID: str(agent_pid),
     }
-    if nproc > 1 and "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in job.env:
-        variables["OMP_NUM_THREADS"] = "1"  # as torchrun does: N workers must not each take every core
+    threads = omp_num_threads(job, nproc=nproc, environ=os.environ)  # "1" for N > 1, as torchrun does
+    if threads is not None:
+        variables[OMP_NUM_THREADS] = threads
     variables.update(accelerator.worker_env(local_rank, nproc))
     variables.update(job.env)
     variables.update(placement_env(job, local_rank, accelerator, environ={**os.environ, **job.env}, bind_cpus=bind_cpus))
@@ -189,6 +191,7 @@ def preview_workers(
     """
 
     workers = []
+    run = RunDir(log_dir)
     for node_rank in range(job.nodes.max):
         world = RoundAssignment(
             state=PollState.READY, round=0, node_rank=node_rank, num_nodes=job.nodes.max,
@@ -200,7 +203,7 @@ def preview_workers(
             variables = worker_env(
                 job, job_id=job_id, node_id=node_rank, world=world, local_rank=local_rank,
                 master_addr=master_addr, accelerator=accelerator,
-                progress_file=f"{log_dir}/node_{node_rank}/round_0/progress_rank{rank}.jsonl",
+                progress_file=str(run.progress_file(node_rank, 0, rank)),
                 log_dir=log_dir, agent_pid=0, bind_cpus=False,
             )
             variables.update(extra_env or {})
@@ -210,6 +213,6 @@ def preview_workers(
             variables[env.WATCH_PID] = "<pid of the agent>"
             workers.append(ProcessSpec(
                 role="worker", name=f"rank-{rank}", argv=tuple(worker_argv(job, python)), env=variables,
-                cwd=cwd or job.workdir, log_file=f"{log_dir}/node_{node_rank}/rank_{rank}.log",
+                cwd=cwd or job.workdir, log_file=str(run.rank_log(node_rank, rank)),
             ))
     return tuple(workers)

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from dlrover_core import env
+from dlrover_core.control_plane import decode_job
 from dlrover_core.logging import configure, get_logger
 from dlrover_core.master.job_master import JobMaster
 from dlrover_core.master.journal import Journal
@@ -32,9 +33,9 @@ from dlrover_core.master.journal import write_atomic as _write_atomic
 from dlrover_core.master.server import MasterServer
 from dlrover_core.plugins import get_host
 from dlrover_core.protocol.messages import Cancel
+from dlrover_core.rundir import RunDir
 from dlrover_core.scheduler_backend import JobHandle
 from dlrover_core.signals import SignalWatcher
-from dlrover_core.spec import JobSpec
 
 #: Seconds between writes of soft state (progress, metrics, goodput) to the journal in a
 #: small job; every decision is written ahead, at once, whatever this says.
@@ -184,12 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     configure()
     log = get_logger()
 
-    job = JobSpec.from_dict(json.loads(os.environ[env.JOB_SPEC]))
+    job = decode_job(os.environ[env.JOB_SPEC])
     log_dir = Path(args.log_dir)
+    run = RunDir(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     host = get_host()
     storage = host.registries.storage.get(job.checkpoint.storage)(job.checkpoint.dir)
-    journal = Journal(log_dir / "master_journal.json")
+    journal = Journal(run.journal)
     make_store = _store_factory()
     master = JobMaster(job, args.job_id, store_host=args.store_host, store_factory=make_store,
                        storage=storage, relaunch=_await_launcher if args.relaunch_by_launchers else _relauncher(job, args.job_id, log_dir),
@@ -232,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
                 break
         time.sleep(0.1)  # (a signal cancels the job on the watcher's thread; the next pass sees it)
     result = master.result()
-    _write_atomic(log_dir / "goodput.json", json.dumps(master.status().goodput, indent=2))
-    _write_atomic(log_dir / "result.json", json.dumps(result.to_dict(), indent=2))
+    _write_atomic(run.goodput, json.dumps(master.status().goodput, indent=2))
+    _write_atomic(run.result, json.dumps(result.to_dict(), indent=2))
     journal.remove()
     time.sleep(0.2)  # let agents read their last "stop"
     server.stop()

@@ -30,6 +30,7 @@ from typing import Any
 import attrs
 import psutil
 
+from dlrover_core import control_plane as cp
 from dlrover_core import env
 from dlrover_core.agent.launch import preview_workers
 from dlrover_core.checkpoint.shm import remove_segments
@@ -43,6 +44,7 @@ from dlrover_core.protocol import Cancel, JobState, JobStatus, NodeRelaunch
 from dlrover_core.protocol.client import MasterClient, fetch_master_status
 from dlrover_core.protocol.messages import FailureReport, WorkerFailure
 from dlrover_core.retry import rpc_retrying
+from dlrover_core.rundir import MASTER_LOG, NODE_LOG_GLOB, RunDir
 from dlrover_core.scheduler_backend import (
     Capabilities,
     JobHandle,
@@ -66,10 +68,6 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _alive(pid: int) -> bool:
@@ -115,32 +113,22 @@ class LocalScheduler(SchedulerBackend):
         port = _free_port()
         master_addr = f"127.0.0.1:{port}"
         python = sys.executable
-        addr_file = str(Path(log_dir) / "master_addr")
-        base_env = {
-            env.JOB_SPEC: json.dumps(job.to_dict(), separators=(",", ":")),
-            env.JOB_ID: job_id,
-            env.LOG_DIR: log_dir,
+        run = RunDir(log_dir)
+        addr_file = str(run.master_addr)
+        base_env = cp.job_env(job, job_id=job_id, log_dir=log_dir, extra={
             env.WATCH_PID: str(os.getpid()),
             env.MASTER_ADDR_FILE: addr_file,
-            "PYTHONUNBUFFERED": "1",
-        }
-        if "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in job.env:
-            # every node shares this machine: split its cores between all workers
-            base_env["OMP_NUM_THREADS"] = str(max(1, _cores() // (job.nodes.max * nproc)))
-        master = ProcessSpec(
-            role="master", name="master",
-            argv=(python, "-m", "dlrover_core.master", "--job-id", job_id, "--host", "127.0.0.1", "--port", str(port),
-                  "--store-host", "127.0.0.1", "--log-dir", log_dir),
-            env=base_env, cwd=job.workdir, log_file=str(Path(log_dir) / "master.log"),
-        )
+        })
+        # every node shares this machine: split its cores between all workers
+        threads = cp.omp_num_threads(job, nproc=nproc, environ=os.environ, cores=cp.host_cores(), nodes_sharing=job.nodes.max)
+        if threads is not None:
+            base_env[cp.OMP_NUM_THREADS] = threads
+        master = cp.master_process(python=python, job_id=job_id, host="127.0.0.1", port=port, store_host="127.0.0.1",
+                                   log_dir=log_dir, variables=base_env, cwd=job.workdir)
+        agent_variables = cp.agent_env(base_env, accelerator=accelerator.name, master_addr=master_addr)
         agents = tuple(
-            ProcessSpec(
-                role="agent", name=f"node-{i}",
-                argv=(python, "-m", "dlrover_core.agent", "--job-id", job_id, "--node-id", str(i),
-                      "--master-addr", master_addr, "--log-dir", log_dir),
-                env={**base_env, env.ACCELERATOR: accelerator.name, env.MASTER_ADDR: master_addr},
-                cwd=job.workdir, log_file=str(Path(log_dir) / f"node_{i}.log"),
-            )
+            cp.agent_process(python=python, job_id=job_id, node_id=i, master_addr=master_addr, log_dir=log_dir,
+                             variables=agent_variables, cwd=job.workdir)
             for i in range(job.nodes.max)
         )
         workers = preview_workers(job, job_id=job_id, nproc=nproc, master_addr=master_addr, store_host="127.0.0.1",
@@ -182,19 +170,19 @@ class LocalScheduler(SchedulerBackend):
             if master.poll() is not None or time.monotonic() > deadline:
                 kill_trees([master.pid], grace_s=1.0)
                 tail = Path(master_spec.log_file).read_text(errors="replace")[-2000:]
-                raise SchedulerError(f"the job master did not start (exit code {master.poll()}); master.log ends:\n{tail}")
+                raise SchedulerError(f"the job master did not start (exit code {master.poll()}); {MASTER_LOG} ends:\n{tail}")
             time.sleep(0.1)
         agents = {spec.name: self._start(plan.job_id, spec).pid for spec in agent_specs}
         handle_info = {
             "job_id": plan.job_id, "master_addr": master_addr, "master_pid": master.pid, "agents": agents,
             "processes": [attrs.asdict(p) for p in plan.processes],
         }
-        (Path(plan.log_dir) / "handle.json").write_text(json.dumps(handle_info, indent=2))
+        RunDir(plan.log_dir).handle.write_text(json.dumps(handle_info, indent=2))
         return JobHandle(scheduler=self.name, job_id=plan.job_id, log_dir=plan.log_dir, native_id=str(master.pid))
 
     def _info(self, handle: JobHandle) -> dict:
         try:
-            return json.loads((Path(handle.log_dir) / "handle.json").read_text())
+            return json.loads(RunDir(handle.log_dir).handle.read_text())
         except FileNotFoundError:
             raise SchedulerError(f"no local job {handle.job_id} under {handle.log_dir}") from None
 
@@ -202,13 +190,13 @@ class LocalScheduler(SchedulerBackend):
         """Merge ``update`` into handle.json (shared with the master, which records relaunched
         agents there): re-read, merge, replace atomically."""
         info = {**self._info(handle), **update}
-        write_atomic(Path(handle.log_dir) / "handle.json", json.dumps(info, indent=2))
+        write_atomic(RunDir(handle.log_dir).handle, json.dumps(info, indent=2))
         return info
 
     def _master_addr(self, handle: JobHandle, info: dict | None = None) -> str:
         """The master's current ``host:port``: its address file, else the one in handle.json."""
         try:
-            addr = (Path(handle.log_dir) / "master_addr").read_text().strip()
+            addr = RunDir(handle.log_dir).master_addr.read_text().strip()
         except OSError:
             addr = ""
         return addr or (info or self._info(handle))["master_addr"]
@@ -254,8 +242,8 @@ class LocalScheduler(SchedulerBackend):
                                  restart=restarts + 1, of=_MASTER_RESTARTS)
         if now < due:
             return
-        spec_dict = next(p for p in info["processes"] if p["role"] == "master")
-        popen = self._start(handle.job_id, ProcessSpec(**{**spec_dict, "argv": tuple(spec_dict["argv"])}))
+        master = next(p for p in self.submission(handle).processes if p.role == "master")
+        popen = self._start(handle.job_id, master)
         self._write_info(handle, {"master_pid": popen.pid, "master_restarts": restarts + 1,
                                   "master_restart_due": None})
 
@@ -298,8 +286,8 @@ class LocalScheduler(SchedulerBackend):
         log_dir = Path(handle.log_dir)
 
         def sources() -> list[tuple[str, Path]]:
-            return [("master", log_dir / "master.log"),
-                    *((p.stem.replace("_", "-"), p) for p in sorted(log_dir.glob("node_*.log")))]
+            return [("master", log_dir / MASTER_LOG),
+                    *((p.stem.replace("_", "-"), p) for p in sorted(log_dir.glob(NODE_LOG_GLOB)))]
 
         return tail_logs(sources, follow=follow, finished=lambda: self._finished(handle))
 
@@ -331,19 +319,14 @@ class LocalScheduler(SchedulerBackend):
         replaced node ran does not matter."""
         node_id = request.node_id
         info = self._info(handle)
-        agents = [p for p in info["processes"] if p["role"] == "agent"]
-        spec_dict = next((p for p in agents if p["name"] == f"node-{node_id}"), None)
-        if spec_dict is None:
+        agents = [p for p in self.submission(handle).processes if p.role == "agent"]
+        spec = next((p for p in agents if p.name == f"node-{node_id}"), None)
+        if spec is None:  # a new id: made like the plan's first agent
             if not agents:
                 raise SchedulerError(f"job {handle.job_id} has no agent to copy for node {node_id}")
-            template = agents[0]
-            argv = list(template["argv"])
-            argv[argv.index("--node-id") + 1] = str(node_id)
-            spec_dict = {**template, "name": f"node-{node_id}", "argv": argv,
-                         "log_file": str(Path(template["log_file"]).with_name(f"node_{node_id}.log"))}
+            spec = cp.node_process(agents[0], node_id)
         addr = self._master_addr(handle, info)  # the master's address now (a restart may have moved it)
-        argv = [addr if i and spec_dict["argv"][i - 1] == "--master-addr" else a for i, a in enumerate(spec_dict["argv"])]
-        spec = ProcessSpec(**{**spec_dict, "argv": tuple(argv), "env": {**spec_dict["env"], env.MASTER_ADDR: addr}})
+        spec = attrs.evolve(spec, argv=cp.with_master_addr(spec.argv, addr), env={**spec.env, env.MASTER_ADDR: addr})
         popen = self._start(handle.job_id, spec)
         # handle.json is shared with the runner (cancel reads it): rewrite it atomically
         relaunched = {**self._info(handle).get("relaunched", {}), f"node-{node_id}:{popen.pid}": popen.pid}

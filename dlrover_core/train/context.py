@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import functools
-import json
 import os
 from typing import Any
 
 import attrs
 
 from dlrover_core import env
+from dlrover_core.control_plane import job_from_environ
 from dlrover_core.spec import JobSpec
 
 __all__ = ["WorkerInfo", "current_job", "is_joiner", "is_live", "worker_info"]
@@ -78,10 +78,7 @@ def worker_info() -> WorkerInfo:
 @functools.cache
 def current_job() -> JobSpec | None:
     """The :class:`~dlrover_core.spec.Job` this worker belongs to, or ``None`` outside dlrover."""
-    raw = os.environ.get(env.JOB_SPEC)
-    if not raw:
-        return None
-    return JobSpec.from_dict(json.loads(raw))
+    return job_from_environ()
 
 
 def is_live() -> bool:

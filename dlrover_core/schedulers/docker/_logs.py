@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from dlrover_core import rundir
 from dlrover_core.errors import SchedulerError
 from dlrover_core.schedulers.docker._request import LABEL_ATTEMPT, LABEL_NODE, LABEL_ROLE
 
@@ -25,16 +26,19 @@ def source(c: Any) -> str:
 def log_file_name(c: Any) -> str:
     """Where ``cancel`` saves container ``c``'s output: ``master.log``, ``node_<i>.log[.<attempt>]``."""
     attempt = c.labels.get(LABEL_ATTEMPT)
-    base = "master" if c.labels.get(LABEL_ROLE) == "master" else f"node_{c.labels.get(LABEL_NODE)}"
-    return f"{base}.log" + (f".{attempt}" if attempt and attempt != "0" else "")
+    if c.labels.get(LABEL_ROLE) == "master":
+        return rundir.MASTER_LOG + (f".{attempt}" if attempt and attempt != "0" else "")
+    return rundir.node_log(c.labels.get(LABEL_NODE), attempt)
 
 
 def saved_logs(log_dir: Path) -> Iterator[str]:
     """The lines of the logs saved under ``log_dir``, master first, then by node."""
-    files = sorted(log_dir.glob("master.log*")) + sorted(
-        log_dir.glob("node_*.log*"), key=lambda p: (int(p.name.split("_")[1].split(".")[0]), p.name))
-    for path in files:
-        name = "master" if path.name.startswith("master") else f"node-{path.name.split('_')[1].split('.')[0]}"
+    nodes = [(node, p) for p in log_dir.glob(rundir.NODE_LOG_GLOB + "*")
+             if (node := rundir.node_of_log(p.name)) is not None]
+    files = [(None, p) for p in sorted(log_dir.glob(rundir.MASTER_LOG_GLOB))] + sorted(
+        nodes, key=lambda np: (np[0], np[1].name))
+    for node, path in files:
+        name = "master" if node is None else f"node-{node}"
         for line in path.read_text(errors="replace").splitlines():
             yield f"[{name}] {line}"
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import attrs
 
+from dlrover_core.control_plane import for_node
+
 __all__ = [
     "LABEL_ATTEMPT",
     "LABEL_JOB",
@@ -121,8 +123,7 @@ class ContainerSpec:
 
     def as_node(self, job_id: str, node_id: int, attempt: int) -> ContainerSpec:
         """This agent's spec for ``node_id``'s ``attempt``-th container (0: the first)."""
-        command = list(self.command)
-        command[command.index("--node-id") + 1] = str(node_id)
+        command = list(for_node(self.command, node_id))
         hostname = f"node-{node_id}"
         name = container_name(job_id, hostname)
         labels = {**self.labels, LABEL_NODE: str(node_id), LABEL_ATTEMPT: str(attempt)}

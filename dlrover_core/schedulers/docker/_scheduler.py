@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import psutil
 
-from dlrover_core import env
+from dlrover_core import control_plane as cp
+from dlrover_core import rundir
 from dlrover_core.agent.launch import preview_workers
 from dlrover_core.errors import JobSpecError, SchedulerError
 from dlrover_core.fileio import write_atomic
@@ -72,8 +73,8 @@ _MASTER_START_TIMEOUT_S = 60.0
 _MASTER_RESTARTS = 3
 #: Files of the run directory: the container specs (the plan's file), and the engine and
 #: master restarts of the job.
-_CONTAINERS_FILE = "containers.json"
-_STATE_FILE = "docker.json"
+_CONTAINERS_FILE = rundir.CONTAINERS
+_STATE_FILE = rundir.DOCKER_STATE
 
 #: The docker scheduler's options (``Job(scheduler_options=...)``), each with its environment fallback.
 OPTIONS = (
@@ -91,14 +92,6 @@ OPTIONS = (
     SchedulerOption(name="docker_host", type=str, default=DEFAULT_DOCKER_HOST, env="DOCKER_HOST",
                     help="the engine (unix:///path/docker.sock or tcp://host:port)"),
 )
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def _env_of(container: Any) -> dict[str, str]:
-    return dict(item.split("=", 1) for item in container.attrs["Config"]["Env"] if "=" in item)
 
 
 def _container_order(c: Any) -> tuple[int, int, str]:
@@ -176,16 +169,13 @@ class DockerScheduler(SchedulerBackend):
         mounts += parse_mounts(options["mounts"])
         docker_host, socket_path = docker_endpoint(options["docker_host"])
 
-        base_env = {
-            env.JOB_SPEC: json.dumps(job.to_dict(), separators=(",", ":")),
-            env.JOB_ID: job_id,
-            env.LOG_DIR: log_dir,
-            "PYTHONUNBUFFERED": "1",
+        base_env = cp.job_env(job, job_id=job_id, log_dir=log_dir, extra={
             "PATH": f"{Path(python).parent}:{PATH}" if Path(python).is_absolute() else PATH,
-        }
-        if "OMP_NUM_THREADS" not in os.environ and "OMP_NUM_THREADS" not in job.env:
-            # every node's container shares this machine's cores: split them between all workers
-            base_env["OMP_NUM_THREADS"] = str(max(1, _cores() // (job.nodes.max * nproc)))
+        })
+        # every node's container shares this machine's cores: split them between all workers
+        threads = cp.omp_num_threads(job, nproc=nproc, environ=os.environ, cores=cp.host_cores(), nodes_sharing=job.nodes.max)
+        if threads is not None:
+            base_env[cp.OMP_NUM_THREADS] = threads
         base_env.update({k: os.environ[k] for k in _PASS_ENV if k in os.environ})
         user = f"{os.getuid()}:{os.getgid()}"
 
@@ -212,17 +202,16 @@ class DockerScheduler(SchedulerBackend):
             master_more["group_add"] = (str(os.stat(socket_path).st_gid),)  # to reach the engine as a plain user
         master = container(
             "master", MASTER_HOST,
-            [python, "-m", "dlrover_core.master", "--job-id", job_id, "--host", "0.0.0.0", "--port", str(MASTER_PORT),
-             "--store-host", MASTER_HOST, "--log-dir", log_dir],
+            list(cp.master_argv(python, job_id=job_id, host="0.0.0.0", port=MASTER_PORT, store_host=MASTER_HOST,
+                                log_dir=log_dir)),
             {"DOCKER_HOST": docker_host}, [(socket_path, False)] if socket_path else [], MASTER_SHM_BYTES, None,
             **master_more,
         )
         agents = [
             container(
                 "agent", f"node-{i}",
-                [python, "-m", "dlrover_core.agent", "--job-id", job_id, "--node-id", str(i),
-                 "--master-addr", master_addr, "--log-dir", log_dir],
-                {env.ACCELERATOR: accelerator.name, env.MASTER_ADDR: master_addr}, [], shm, i,
+                list(cp.agent_argv(python, job_id=job_id, node_id=i, master_addr=master_addr, log_dir=log_dir)),
+                cp.agent_env({}, accelerator=accelerator.name, master_addr=master_addr), [], shm, i,
             )
             for i in range(job.nodes.max)
         ]
@@ -425,9 +414,9 @@ class DockerScheduler(SchedulerBackend):
         if master is not None and master.status == "running":
             grace_s = 30  # the master drains agents for stop_grace_s + 3 heartbeats + 5 s at most
             try:
-                spec = JobSpec.from_dict(json.loads(_env_of(master)[env.JOB_SPEC]))
+                spec = self.submission(handle).job
                 grace_s = int(spec.failure.stop_grace_s + 3 * spec.heartbeat_interval_s + 15)
-            except (KeyError, ValueError, TypeError):  # (JobSpecError is a ValueError)
+            except SchedulerError:  # not submitted from this run directory: the default
                 pass
             call(lambda: master.stop(timeout=grace_s), f"stop {master.name}")
         self._remove_all(handle, save_logs=True)
@@ -469,12 +458,7 @@ class DockerScheduler(SchedulerBackend):
         engine, so where the replaced node ran does not matter. Works from inside the master
         container."""
         node_id = request.node_id
-        try:
-            text = (Path(handle.log_dir) / _CONTAINERS_FILE).read_text()
-        except FileNotFoundError:
-            raise SchedulerError(f"no docker job {handle.job_id} under {handle.log_dir}") from None
-        plan = DockerRequest.parse(text)
-        agents = plan.agents
+        agents = self.submission(handle).request.agents
         template = next((c for c in agents if c.labels.get(LABEL_NODE) == str(node_id)), agents[0] if agents else None)
         if template is None:
             raise SchedulerError(f"job {handle.job_id} has no agent to copy for node {node_id}")

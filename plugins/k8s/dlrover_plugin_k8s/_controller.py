@@ -39,9 +39,11 @@ from dlrover_core.backend import (
     MasterStatus,
     WorkerFailure,
     configure_logging,
+    control_plane,
     env,
     get_logger,
     rpc_retrying,
+    rundir,
 )
 from dlrover_plugin_k8s._api import KubeApi
 from dlrover_plugin_k8s._config import K8sConfig
@@ -225,11 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging()
     config = K8sConfig.from_env()
     namespace = os.environ.get("DLROVER_K8S_NAMESPACE") or config.namespace
-    job = JobSpec.from_dict(json.loads(os.environ[env.JOB_SPEC]))
+    job = control_plane.decode_job(os.environ[env.JOB_SPEC])
     stop = _StopFlag()
     signal.signal(signal.SIGTERM, stop.set)
     signal.signal(signal.SIGINT, stop.set)
-    result = Path(args.log_dir) / "result.json"
+    result = rundir.RunDir(args.log_dir).result
     master = HttpMasterLink(args.master_addr)
     controller = PodController(api=KubeApi(config), namespace=namespace, job_id=args.job_id, job=job, master=master)
     log.info("controller_started", job_id=args.job_id, namespace=namespace, nodes=job.nodes.max)

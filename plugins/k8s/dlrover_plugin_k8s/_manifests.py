@@ -28,7 +28,6 @@ Nothing here talks to a cluster: :func:`render` is pure.
 from __future__ import annotations
 
 import copy
-import json
 import math
 import posixpath
 import re
@@ -38,7 +37,7 @@ import attrs
 import yaml
 
 from dlrover_core import JobSpec
-from dlrover_core.backend import env
+from dlrover_core.backend import control_plane
 from dlrover_plugin_k8s._config import K8sConfig
 
 __all__ = [
@@ -52,6 +51,7 @@ __all__ = [
     "Manifests",
     "Names",
     "dump_yaml",
+    "pod_job",
     "render",
     "shm_size_mb",
     "worker_pod",
@@ -188,6 +188,11 @@ def dump_yaml(*documents: dict[str, Any]) -> str:
                          for d in documents)
 
 
+def pod_job(job: JobSpec, config: K8sConfig) -> JobSpec:
+    """The Job as the pods see it: its workdir and log root are the paths inside the image."""
+    return attrs.evolve(job, workdir=config.workdir, log_dir=config.log_root)
+
+
 def render(job: JobSpec, *, job_id: str, accelerator: Any, nproc: int | str, config: K8sConfig) -> Manifests:
     """The job's objects. Pure.
 
@@ -204,9 +209,7 @@ def render(job: JobSpec, *, job_id: str, accelerator: Any, nproc: int | str, con
     log_dir = f"{config.log_root}/{job_id}"
     master_addr = names.master_addr(ns, port)
     # the Job as the pods see it: paths inside the image
-    spec = job.to_dict()
-    spec["workdir"], spec["log_dir"] = config.workdir, config.log_root
-    job_json = json.dumps(spec, separators=(",", ":"))
+    job_json = control_plane.encode_job(pod_job(job, config))
     labels = {LABEL_JOB: job_id, LABEL_MANAGED_BY: "dlrover"}
 
     def meta(name: str, extra: dict[str, str] | None = None) -> dict[str, Any]:
@@ -223,16 +226,11 @@ def render(job: JobSpec, *, job_id: str, accelerator: Any, nproc: int | str, con
     if config.image_pull_secrets:
         pod_common["imagePullSecrets"] = [{"name": s} for s in config.image_pull_secrets]
 
-    base_env = {
-        env.JOB_SPEC: job_json,
-        env.JOB_ID: job_id,
-        env.LOG_DIR: log_dir,
-        "PYTHONUNBUFFERED": "1",
-    }
+    base_env = control_plane.job_env(job_json, job_id=job_id, log_dir=log_dir)
 
     # ----- the master pod: the master and its pod controller --------------------------------
-    master_argv = [config.python, "-m", "dlrover_core.master", "--job-id", job_id, "--host", "0.0.0.0",
-                   "--port", str(port), "--store-host", "$(DLROVER_POD_IP)", "--log-dir", log_dir]
+    master_argv = list(control_plane.master_argv(config.python, job_id=job_id, host="0.0.0.0", port=port,
+                                                 store_host="$(DLROVER_POD_IP)", log_dir=log_dir))
     controller_argv = [config.python, "-m", "dlrover_plugin_k8s.controller", "--job-id", job_id,
                        "--master-addr", f"127.0.0.1:{port}", "--log-dir", log_dir]
     pod_env = [_field_env("DLROVER_POD_IP", "status.podIP"), _field_env("DLROVER_K8S_NAMESPACE", "metadata.namespace")]
@@ -276,11 +274,13 @@ def render(job: JobSpec, *, job_id: str, accelerator: Any, nproc: int | str, con
     }
 
     # ----- the worker pod template (node 0, attempt 0) ---------------------------------------
-    agent_env = {**base_env, env.ACCELERATOR: accelerator.name, env.MASTER_ADDR: master_addr}
+    agent_env = control_plane.agent_env(base_env, accelerator=accelerator.name, master_addr=master_addr)
     cpus = _cpu_count(config.cpu_request)
-    if cpus is not None and nproc != "auto" and "OMP_NUM_THREADS" not in job.env:
+    if cpus is not None and nproc != "auto":
         # torch sees the node's cores, not the pod's share: split the request between workers
-        agent_env["OMP_NUM_THREADS"] = str(max(1, int(cpus // int(nproc))))
+        threads = control_plane.omp_num_threads(job, nproc=int(nproc), environ=None, cores=cpus)
+        if threads is not None:
+            agent_env[control_plane.OMP_NUM_THREADS] = threads
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
     if config.cpu_request:
@@ -298,8 +298,8 @@ def render(job: JobSpec, *, job_id: str, accelerator: Any, nproc: int | str, con
         resources["requests"] = requests
     if limits:
         resources["limits"] = limits
-    agent_argv = [config.python, "-m", "dlrover_core.agent", "--job-id", job_id, "--node-id", "0",
-                  "--master-addr", master_addr, "--log-dir", log_dir]
+    agent_argv = list(control_plane.agent_argv(config.python, job_id=job_id, node_id=0, master_addr=master_addr,
+                                               log_dir=log_dir))
     worker = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -384,6 +384,6 @@ def worker_pod(
         meta["ownerReferences"] = [{
             "apiVersion": "v1", "kind": "Pod", "name": owner["name"], "uid": owner["uid"], "controller": True,
         }]
-    argv = pod["spec"]["containers"][0]["command"]
-    argv[argv.index("--node-id") + 1] = str(node_id)
+    container = pod["spec"]["containers"][0]
+    container["command"] = list(control_plane.for_node(container["command"], node_id))
     return pod

@@ -38,11 +38,13 @@ from dlrover_core.backend import (
     Plan,
     PosixStorage,
     SchedulerBackend,
+    control_plane,
     env,
     get_host,
     get_logger,
     preview_workers,
     read_result,
+    rundir,
     status_of_result,
     write_atomic,
 )
@@ -58,6 +60,7 @@ from dlrover_plugin_k8s._manifests import (
     Manifests,
     Names,
     dump_yaml,
+    pod_job,
     render,
 )
 from dlrover_plugin_k8s._workers import attempt_of, launch_worker, newest_by_node, node_of, worker_pods
@@ -71,7 +74,7 @@ log = get_logger()
 _DELETE_ORDER = ("Pod", "Service", "ConfigMap", "RoleBinding", "Role", "ServiceAccount")
 
 #: Written under the handle's log_dir by a cancel that found no result: status is CANCELLED.
-_CANCELLED_FILE = "cancelled.json"
+_CANCELLED_FILE = rundir.K8S_CANCELLED
 #: Lines of each container's log that ``cancel`` keeps under the handle's log_dir.
 _SAVED_LOG_LINES = 20000
 
@@ -195,13 +198,13 @@ class K8sScheduler(SchedulerBackend):
                                                                f"{accelerator.k8s_resource} each worker pod requests")
         manifests = render(job, job_id=job_id, accelerator=accelerator, nproc=nproc, config=config)
         files = {
-            "manifests.yaml": dump_yaml(*manifests.objects()),
+            rundir.K8S_MANIFESTS: dump_yaml(*manifests.objects()),
             "master-pod.yaml": dump_yaml(manifests.master_pod),
             "worker-pod.yaml": _WORKER_TEMPLATE_NOTE + dump_yaml(manifests.worker_template),
         }
         return Plan(scheduler=self.name, job_id=job_id, job=job, log_dir=log_dir,
                     request=K8sRequest(config=config, manifests=manifests), files=files,
-                    workers=self._preview(job, job_id, accelerator, nproc, manifests.master_pod, config))
+                    workers=self._preview(job, job_id, accelerator, nproc, config))
 
     def _check_checkpoint_shared(self, job: JobSpec, config: K8sConfig) -> None:
         """Refuse a checkpoint directory that the pods would not share.
@@ -232,7 +235,7 @@ class K8sScheduler(SchedulerBackend):
             f"Checkpoint(memory_every_steps=0, persist_every_steps=0)",
         )
 
-    def _preview(self, job: JobSpec, job_id: str, accelerator: Any, nproc: int | str, master_pod: dict,
+    def _preview(self, job: JobSpec, job_id: str, accelerator: Any, nproc: int | str,
                  config: K8sConfig) -> tuple:
         """The first round's workers, as the agents will start them inside their pods."""
         if nproc == "auto":
@@ -240,7 +243,7 @@ class K8sScheduler(SchedulerBackend):
         nproc = int(nproc)
         names = Names(job_id)
         pod_log_dir = f"{config.log_root}/{job_id}"
-        job_json = next(e["value"] for e in master_pod["spec"]["containers"][0]["env"] if e["name"] == env.JOB_SPEC)
+        job_json = control_plane.encode_job(pod_job(job, config))
         return preview_workers(
             job, job_id=job_id, nproc=nproc, master_addr=names.master_addr(config.namespace, config.master_port),
             store_host="<IP of the master pod>", accelerator=accelerator, log_dir=pod_log_dir, python=config.python,
@@ -252,7 +255,7 @@ class K8sScheduler(SchedulerBackend):
     def _info(handle: JobHandle) -> dict[str, Any]:
         """``k8s.json`` under the handle's log_dir ({} where there is none, e.g. in the master pod)."""
         try:
-            return json.loads((Path(handle.log_dir) / "k8s.json").read_text())
+            return json.loads((Path(handle.log_dir) / rundir.K8S_STATE).read_text())
         except (OSError, ValueError):
             return {}
 
@@ -288,8 +291,8 @@ class K8sScheduler(SchedulerBackend):
         namespace, config = request.namespace, request.config
         names = Names(plan.job_id)
         log_dir = Path(plan.log_dir)
-        (log_dir / "manifests.yaml").write_text(plan.files["manifests.yaml"])
-        (log_dir / "k8s.json").write_text(json.dumps({
+        (log_dir / rundir.K8S_MANIFESTS).write_text(plan.files[rundir.K8S_MANIFESTS])
+        (log_dir / rundir.K8S_STATE).write_text(json.dumps({
             "namespace": namespace, "master_pod": names.master_pod, "service": names.service,
             "worker_template": names.template, "kubeconfig": config.kubeconfig, "context": config.context},
             indent=2))
@@ -388,7 +391,7 @@ class K8sScheduler(SchedulerBackend):
         if not lines:
             return None
         data = json.loads(lines[-1][len(RESULT_MARKER):])
-        self._save(handle, "result.json", json.dumps(data, indent=2))
+        self._save(handle, rundir.RESULT, json.dumps(data, indent=2))
         return JobResult.from_dict(data)
 
     # ----- logs --------------------------------------------------------------------------
@@ -423,7 +426,7 @@ class K8sScheduler(SchedulerBackend):
         yield from self._follow(handle, ns)
 
     def _saved_logs(self, handle: JobHandle) -> Iterator[str]:
-        for path in sorted((Path(handle.log_dir) / "pods").glob("*.log")):
+        for path in sorted((Path(handle.log_dir) / rundir.K8S_POD_LOGS).glob("*.log")):
             label = path.stem.replace("_", " ")
             for line in path.read_text(errors="replace").splitlines():
                 yield f"[{label}] {line}"
@@ -549,7 +552,7 @@ class K8sScheduler(SchedulerBackend):
                 data = self._handle_api(handle).pod_log(ns, pod, container, tail_lines=_SAVED_LOG_LINES)
             except SchedulerError:
                 continue
-            self._save(handle, f"pods/{label.replace(' ', '_')}.log", data)
+            self._save(handle, f"{rundir.K8S_POD_LOGS}/{label.replace(' ', '_')}.log", data)
 
     def relaunch_node(self, handle: JobHandle, request: NodeRelaunch) -> None:
         """Create the next attempt of ``request.node_id``'s worker pod, deleting the node's pods

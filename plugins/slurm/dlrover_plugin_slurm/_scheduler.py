@@ -43,12 +43,15 @@ from dlrover_core.backend import (
     Plan,
     SchedulerBackend,
     SchedulerOption,
+    Submission,
+    control_plane,
     env,
     fetch_master_status,
     get_host,
     get_logger,
     read_result,
     remove_segments,
+    rundir,
     status_of_result,
     tail_logs,
     write_atomic,
@@ -161,28 +164,24 @@ class SlurmScheduler(SchedulerBackend):
         python = options["python"]
         script = render_sbatch(job, job_id=job_id, log_dir=log_dir, python=python, gres=gres,
                                sbatch_options=sbatch_options)
-        script_path = str(Path(log_dir) / "job.sbatch")
+        script_path = str(Path(log_dir) / rundir.SLURM_SCRIPT)
         unset = tuple(str(o.env) for o in OPTIONS if o.name in sbatch_options and o.env)
         request = SbatchRequest(script=script, script_path=script_path, argv=("sbatch", "--parsable", script_path),
                                 unset_env=unset, python=python)
         return Plan(scheduler=self.name, job_id=job_id, job=job, log_dir=log_dir, request=request,
-                    files={"job.sbatch": script})
+                    files={rundir.SLURM_SCRIPT: script})
 
     # ----- submit ------------------------------------------------------------------------
 
     def execute(self, plan: Plan) -> JobHandle:
         request: SbatchRequest = plan.request
         log_dir = Path(plan.log_dir)
-        (log_dir / "slurm").mkdir(parents=True, exist_ok=True)
+        (log_dir / rundir.SLURM_DIR).mkdir(parents=True, exist_ok=True)
         Path(request.script_path).write_text(request.script)
         native_id = self._sbatch(plan.job_id, request)
-        info = {
-            "job_id": plan.job_id, "native_id": native_id, "python": request.python, "workdir": plan.job.workdir,
-            "elastic": plan.job.nodes.min != plan.job.nodes.max,
-            "env": {env.JOB_ID: plan.job_id, env.LOG_DIR: str(log_dir), "PYTHONUNBUFFERED": "1",
-                    env.JOB_SPEC: json.dumps(plan.job.to_dict(), separators=(",", ":"), sort_keys=True)},
-        }
-        _write_atomic(log_dir / "slurm" / "submit.json", json.dumps(info, indent=2))
+        # Slurm's job id only: the request and the Job are in request.json (SchedulerBackend.submit)
+        info = {"job_id": plan.job_id, "native_id": native_id}
+        _write_atomic(log_dir / rundir.SLURM_SUBMIT, json.dumps(info, indent=2))
         log.info("slurm_job_submitted", job_id=plan.job_id, native_id=native_id, script=request.script_path)
         return JobHandle(scheduler=self.name, job_id=plan.job_id, log_dir=str(log_dir), native_id=native_id)
 
@@ -213,7 +212,7 @@ class SlurmScheduler(SchedulerBackend):
     @staticmethod
     def _info(handle: JobHandle) -> dict[str, Any]:
         try:
-            return json.loads((Path(handle.log_dir) / "slurm" / "submit.json").read_text())
+            return json.loads((Path(handle.log_dir) / rundir.SLURM_SUBMIT).read_text())
         except FileNotFoundError:
             return {}
 
@@ -225,7 +224,7 @@ class SlurmScheduler(SchedulerBackend):
             native = os.environ.get("SLURM_JOB_ID", "")
         if not native:
             raise SchedulerError(f"no Slurm job id for {handle.job_id}: no native_id and no "
-                                 f"{Path(handle.log_dir) / 'slurm' / 'submit.json'}")
+                                 f"{Path(handle.log_dir) / rundir.SLURM_SUBMIT}")
         return str(native)
 
     # ----- status and result -------------------------------------------------------------
@@ -236,7 +235,7 @@ class SlurmScheduler(SchedulerBackend):
         CANCELLED one while Slurm still runs the job (a master stopped by the SIGTERM of a
         requeue or preemption writes that; after a real cancel Slurm soon says CANCELLED)."""
         try:
-            mtime = (Path(handle.log_dir) / "result.json").stat().st_mtime
+            mtime = rundir.RunDir(handle.log_dir).result.stat().st_mtime
         except FileNotFoundError:
             return None
         result = read_result(handle.log_dir)
@@ -262,7 +261,7 @@ class SlurmScheduler(SchedulerBackend):
         return job
 
     def result(self, handle: JobHandle) -> JobResult | None:
-        if not (Path(handle.log_dir) / "result.json").exists():
+        if not rundir.RunDir(handle.log_dir).result.exists():
             return None
         try:
             job = self._slurm_job(handle)
@@ -272,7 +271,7 @@ class SlurmScheduler(SchedulerBackend):
 
     def _master_status(self, handle: JobHandle) -> JobStatus | None:
         try:
-            addr = (Path(handle.log_dir) / "slurm" / "master_addr").read_text().strip()
+            addr = (Path(handle.log_dir) / rundir.SLURM_MASTER_ADDR).read_text().strip()
         except FileNotFoundError:
             return None
         answer = fetch_master_status(addr)
@@ -310,8 +309,8 @@ class SlurmScheduler(SchedulerBackend):
         log_dir = Path(handle.log_dir)
 
         def sources() -> list[tuple[str, Path]]:
-            return [("batch", log_dir / "slurm.out"), ("master", log_dir / "master.log"),
-                    *((p.stem.replace("_", "-"), p) for p in sorted(log_dir.glob("node_*.log")))]
+            return [("batch", log_dir / rundir.SLURM_OUT), ("master", log_dir / rundir.MASTER_LOG),
+                    *((p.stem.replace("_", "-"), p) for p in sorted(log_dir.glob(rundir.NODE_LOG_GLOB)))]
 
         return tail_logs(sources, follow=follow, finished=lambda: self._over(handle), poll_s=0.2,
                          check_every_s=FOLLOW_STATE_S)
@@ -356,7 +355,7 @@ class SlurmScheduler(SchedulerBackend):
         # (node_task) those of an agent that could not; this catches what a task SIGKILLed
         # by Slurm left on this machine
         remove_segments(f"dlrover-{handle.job_id}-")
-        if job is not None and job.state == JobState.CANCELLED and not (Path(handle.log_dir) / "result.json").exists():
+        if job is not None and job.state == JobState.CANCELLED and not rundir.RunDir(handle.log_dir).result.exists():
             self._write_cancelled(handle, job)
 
     @staticmethod
@@ -370,14 +369,14 @@ class SlurmScheduler(SchedulerBackend):
             restore_s=0.0, recomputed_s=0.0, detection_s=0.0, restart_s=0.0, rendezvous_s=0.0, startup_s=0.0,
             failures=(), metrics={}, log_dir=handle.log_dir,
         )
-        _write_atomic(Path(handle.log_dir) / "result.json", json.dumps(result.to_dict(), indent=2))
+        _write_atomic(rundir.RunDir(handle.log_dir).result, json.dumps(result.to_dict(), indent=2))
 
     # ----- relaunch ----------------------------------------------------------------------
 
     @staticmethod
     def _node_map(handle: JobHandle) -> dict[int, str]:
         try:
-            return {int(k): v for k, v in json.loads((Path(handle.log_dir) / "slurm" / "nodes.json").read_text()).items()}
+            return {int(k): v for k, v in json.loads((Path(handle.log_dir) / rundir.SLURM_NODES).read_text()).items()}
         except FileNotFoundError:
             return {}
 
@@ -394,7 +393,7 @@ class SlurmScheduler(SchedulerBackend):
         """
         node_id = request.node_id
         native = self._native_id(handle)
-        info = self._info(handle)
+        submission = self.submission(handle)
         job = self._slurm_job(handle, fresh=True)
         if job is None or job.state != JobState.RUNNING:
             raise SchedulerError(f"cannot relaunch node {node_id}: Slurm job {native} is "
@@ -411,7 +410,7 @@ class SlurmScheduler(SchedulerBackend):
         else:
             candidates = [h for h in hosts if fit.get(h) and h != failed_host]
             if not candidates:
-                if info.get("elastic"):
+                if submission.job.nodes.min != submission.job.nodes.max:
                     raise SchedulerError(f"no fit node left in Slurm job {native} for node {node_id} "
                                          f"(nodes {fit}); the job goes on with fewer nodes")
                 self._requeue(native, f"no fit node left for node {node_id} (nodes {fit})")
@@ -419,31 +418,32 @@ class SlurmScheduler(SchedulerBackend):
             load = collections.Counter(h for i, h in mapping.items() if i != failed_id)
             target = min(candidates, key=lambda h: (load[h], hosts.index(h)))
         mapping[node_id] = target
-        state_dir = Path(handle.log_dir) / "slurm"
-        state_dir.mkdir(parents=True, exist_ok=True)
-        _write_atomic(state_dir / "nodes.json", json.dumps({str(k): v for k, v in sorted(mapping.items())}, indent=2))
-        self._start_agent_step(handle, native, info, node_id, target,
+        (Path(handle.log_dir) / rundir.SLURM_DIR).mkdir(parents=True, exist_ok=True)
+        _write_atomic(Path(handle.log_dir) / rundir.SLURM_NODES, json.dumps({str(k): v for k, v in sorted(mapping.items())}, indent=2))
+        self._start_agent_step(handle, native, submission, node_id, target,
                                exclude=failed_host if failed_host not in (None, target) else None)
 
-    def _start_agent_step(self, handle: JobHandle, native: str, info: dict[str, Any], node_id: int, target: str,
+    def _start_agent_step(self, handle: JobHandle, native: str, submission: Submission, node_id: int, target: str,
                           *, exclude: str | None) -> None:
         log_dir = Path(handle.log_dir)
         try:
-            master_addr = (log_dir / "slurm" / "master_addr").read_text().strip()
+            master_addr = (log_dir / rundir.SLURM_MASTER_ADDR).read_text().strip()
         except FileNotFoundError:
-            raise SchedulerError(f"no master address in {log_dir / 'slurm' / 'master_addr'}: "
+            raise SchedulerError(f"no master address in {log_dir / rundir.SLURM_MASTER_ADDR}: "
                                  "has the batch script started?") from None
-        python = info.get("python") or sys.executable
+        request: SbatchRequest = submission.request
+        python = request.python
         step_name = f"dlrover-node-{node_id}"
-        workdir = info.get("workdir") or os.getcwd()
+        workdir = submission.job.workdir
         argv = ["srun", f"--jobid={native}", "--nodes=1", "--ntasks=1", "--overlap", "--kill-on-bad-exit=0",
                 f"--nodelist={target}", *([f"--exclude={exclude}"] if exclude else []), f"--job-name={step_name}",
                 f"--chdir={workdir}",
-                f"--output={log_dir / f'node_{node_id}.log'}", "--open-mode=append",
+                f"--output={log_dir / rundir.node_log(node_id)}", "--open-mode=append",
                 *node_task_argv(python, handle.job_id, str(node_id), master_addr, str(log_dir))]
-        variables = {**slurm_env(), **info.get("env", {}), env.MASTER_ADDR: master_addr}
+        variables = {**slurm_env(), **control_plane.job_env(submission.job, job_id=handle.job_id, log_dir=str(log_dir),
+                                                             sort_keys=True), env.MASTER_ADDR: master_addr}
         before = {step for step, _, _ in self._cli.steps(native)}
-        with open(log_dir / "slurm" / f"relaunch_node_{node_id}.log", "ab") as out:
+        with open(log_dir / rundir.slurm_relaunch_log(node_id), "ab") as out:
             out.write(f"$ {' '.join(argv)}\n".encode())
             out.flush()
             proc = subprocess.Popen(argv, env=variables, stdin=subprocess.DEVNULL, stdout=out,
@@ -455,7 +455,7 @@ class SlurmScheduler(SchedulerBackend):
         while time.monotonic() < deadline:
             code = proc.poll()
             if code is not None and code != 0:
-                tail = (log_dir / "slurm" / f"relaunch_node_{node_id}.log").read_text(errors="replace")[-1500:]
+                tail = (log_dir / rundir.slurm_relaunch_log(node_id)).read_text(errors="replace")[-1500:]
                 raise SchedulerError(f"srun for node {node_id} on {target} exited with {code}:\n{tail}")
             if code == 0 or any(name == step_name and step not in before for step, name, _ in self._cli.steps(native)):
                 return

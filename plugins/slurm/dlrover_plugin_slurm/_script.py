@@ -20,12 +20,11 @@ One batch job per dlrover job. The script runs on the first node of the allocati
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Sequence
 
 from dlrover_core import JobSpec, JobSpecError
-from dlrover_core.backend import env
+from dlrover_core.backend import control_plane, env, rundir
 
 __all__ = ["MASTER_RESTARTS", "WARN_S", "agent_argv", "node_task_argv", "render_sbatch"]
 
@@ -47,15 +46,15 @@ _PORT, _HOST, _NODE_ID, _ADDR = '"$MASTER_PORT"', '"$MASTER_HOST"', '"$SLURM_NOD
 
 def agent_argv(python: str, job_id: str, node_id: str, master_addr: str, log_dir: str) -> list[str]:
     """The agent's command line (the same as the local scheduler's)."""
-    return [python, "-m", "dlrover_core.agent", "--job-id", job_id, "--node-id", node_id,
-            "--master-addr", master_addr, "--log-dir", log_dir]
+    return list(control_plane.agent_argv(python, job_id=job_id, node_id=node_id, master_addr=master_addr,
+                                         log_dir=log_dir))
 
 
 def node_task_argv(python: str, job_id: str, node_id: str, master_addr: str, log_dir: str) -> list[str]:
     """The srun task of a node: :mod:`dlrover_plugin_slurm.node_task`, which runs the agent
     (:func:`agent_argv`) and removes the node's shared memory when the agent has ended."""
-    return [python, "-m", "dlrover_plugin_slurm.node_task", "--job-id", job_id, "--node-id", node_id,
-            "--master-addr", master_addr, "--log-dir", log_dir]
+    return list(control_plane.agent_argv(python, job_id=job_id, node_id=node_id, master_addr=master_addr,
+                                         log_dir=log_dir, module="dlrover_plugin_slurm.node_task"))
 
 
 def _join(argv: Sequence[str], raw: Sequence[str] = ()) -> str:
@@ -86,7 +85,7 @@ def render_sbatch(
     """
     nodes = job.nodes
     elastic = nodes.min != nodes.max
-    spec = json.dumps(job.to_dict(), separators=(",", ":"), sort_keys=True)
+    variables = control_plane.job_env(job, job_id=job_id, log_dir=log_dir, sort_keys=True)
     sbatch = [
         f"--job-name={job_id}",
         f"--nodes={nodes.min}-{nodes.max}" if elastic else f"--nodes={nodes.max}",
@@ -98,7 +97,7 @@ def render_sbatch(
     sbatch += [f"--{name}={value}" for name, value in (sbatch_options or {}).items()]
     sbatch += [
         f"--chdir={job.workdir}",
-        f"--output={log_dir}/slurm.out",
+        f"--output={log_dir}/{rundir.SLURM_OUT}",
         "--open-mode=append",
         "--requeue",
         f"--signal=B:USR1@{WARN_S}",
@@ -116,28 +115,25 @@ def render_sbatch(
         *(f"#SBATCH {opt}" for opt in sbatch),
         "",
         "set -u",
-        f"export {env.JOB_ID}={q(job_id)}",
-        f"export {env.LOG_DIR}={q(log_dir)}",
-        f"export {env.JOB_SPEC}={q(spec)}",
-        "export PYTHONUNBUFFERED=1",
+        *(f"export {key}={q(variables[key])}" for key in (env.JOB_ID, env.LOG_DIR, env.JOB_SPEC, "PYTHONUNBUFFERED")),
     ]
     for key in sorted(extra_env or {}):
         lines.append(f"export {key}={q((extra_env or {})[key])}")
-    master_argv = [python, "-m", "dlrover_core.master", "--job-id", job_id, "--host", "0.0.0.0",
-                   "--port", _PORT, "--store-host", _HOST, "--log-dir", log_dir]
+    master_argv = list(control_plane.master_argv(python, job_id=job_id, host="0.0.0.0", port=_PORT, store_host=_HOST,
+                                                 log_dir=log_dir))
     agent = node_task_argv(python, job_id, _NODE_ID, _ADDR, log_dir)
     agent_cmd = "exec " + _join(agent, raw=(_NODE_ID, _ADDR))
     srun_nodes = '"$SLURM_JOB_NUM_NODES"' if elastic else str(nodes.max)
     lines += [
         f"LOG_DIR={q(log_dir)}",
-        'mkdir -p "$LOG_DIR/slurm"',
+        f'mkdir -p "$LOG_DIR/{rundir.SLURM_DIR}"',
         "",
         "# A requeued run (time limit, preemption, node failure) starts over from the latest",
         "# committed checkpoint: keep what the previous run left aside.",
         'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then',
         '    previous="$LOG_DIR/run_$((SLURM_RESTART_COUNT - 1))"',
         '    mkdir -p "$previous"',
-        "    for f in result.json goodput.json master_journal.json; do",
+        f"    for f in {rundir.RESULT} {rundir.GOODPUT} {rundir.JOURNAL}; do",
         '        if [ -e "$LOG_DIR/$f" ]; then mv "$LOG_DIR/$f" "$previous/"; fi',
         "    done",
         '    echo "dlrover: run $SLURM_RESTART_COUNT of Slurm job $SLURM_JOB_ID (requeued)"',
@@ -150,16 +146,16 @@ def render_sbatch(
         f"MASTER_PORT=$({q(python)} -c 'import socket; s = socket.socket(); s.bind((\"\", 0)); "
         "print(s.getsockname()[1])')",
         f'export {env.MASTER_ADDR}="$MASTER_HOST:$MASTER_PORT"',
-        f'echo "${env.MASTER_ADDR}" > "$LOG_DIR/slurm/master_addr"',
+        f'echo "${env.MASTER_ADDR}" > "$LOG_DIR/{rundir.SLURM_MASTER_ADDR}"',
         "start_master() {",
-        f'    {_join(master_argv, raw=(_PORT, _HOST))} >> "$LOG_DIR/master.log" 2>&1 &',
+        f'    {_join(master_argv, raw=(_PORT, _HOST))} >> "$LOG_DIR/{rundir.MASTER_LOG}" 2>&1 &',
         "    MASTER_PID=$!",
         "}",
         "start_master",
         "waited=0",
         'until (exec 3<>"/dev/tcp/$MASTER_HOST/$MASTER_PORT") 2>/dev/null; do',
         f'    if ! kill -0 "$MASTER_PID" 2>/dev/null || [ "$waited" -ge {MASTER_LISTEN_TIMEOUT_S * 5} ]; then',
-        '        echo "dlrover: the master did not start; see $LOG_DIR/master.log" >&2',
+        f'        echo "dlrover: the master did not start; see $LOG_DIR/{rundir.MASTER_LOG}" >&2',
         '        kill "$MASTER_PID" 2>/dev/null',
         "        exit 1",
         "    fi",
@@ -169,7 +165,7 @@ def render_sbatch(
         "# One agent per node; the node id is the node's index in the allocation. The task runs the",
         "# agent, and removes the node's shared memory if a signal (SIGKILL, OOM) ended the agent.",
         f"srun --nodes={srun_nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 --job-name=dlrover-agents \\",
-        '    --output="$LOG_DIR/node_%n.log" --open-mode=append \\',
+        f'    --output="$LOG_DIR/{rundir.node_log("%n")}" --open-mode=append \\',
         f"    bash -c {q(agent_cmd)} &",
         "AGENTS_PID=$!",
         "",
@@ -184,7 +180,7 @@ def render_sbatch(
         "restarts=0",
         "while true; do",
         '    while kill -0 "$MASTER_PID" 2>/dev/null; do wait "$MASTER_PID"; done',
-        '    if [ -e "$LOG_DIR/result.json" ]; then break; fi',
+        f'    if [ -e "$LOG_DIR/{rundir.RESULT}" ]; then break; fi',
         f'    if [ "$restarts" -ge {MASTER_RESTARTS} ]; then',
         '        echo "dlrover: the master died $restarts times without a result" >&2',
         "        exit 1",
@@ -200,7 +196,7 @@ def render_sbatch(
         "    sleep 0.2",
         "done",
         f"exec {q(python)} -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))[\"state\"] != \"SUCCEEDED\")' "
-        '"$LOG_DIR/result.json"',
+        f'"$LOG_DIR/{rundir.RESULT}"',
         "",
     ]
     return "\n".join(lines)

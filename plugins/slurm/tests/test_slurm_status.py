@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from dlrover_core import Job
 from dlrover_core.errors import SchedulerError
 from dlrover_core.protocol import JobState, NodeRelaunch
-from dlrover_core.scheduler_backend import JobHandle
+from dlrover_core.scheduler_backend import JobHandle, Submission
 from dlrover_plugin_slurm import SLURM_JOB_STATES, SlurmCli, SlurmScheduler, map_state, parse_sacct, parse_squeue
 from dlrover_plugin_slurm._commands import parse_node_states, slurm_env
 from dlrover_plugin_slurm._scheduler import SbatchRequest
@@ -224,7 +225,11 @@ class FakeCli:
 
 def _handle(tmp_path: Path, *, elastic: bool = False) -> JobHandle:
     (tmp_path / "slurm").mkdir(parents=True, exist_ok=True)
-    (tmp_path / "slurm" / "submit.json").write_text(json.dumps({"native_id": "7", "elastic": elastic, "env": {}}))
+    (tmp_path / "slurm" / "submit.json").write_text(json.dumps({"job_id": "tiny-1", "native_id": "7"}))
+    job = Job(name="tiny", entrypoint="train.py", nodes="1:2" if elastic else 2, scheduler="slurm")
+    request = SbatchRequest(script="", script_path=str(tmp_path / "job.sbatch"), argv=("sbatch",), python="python3")
+    submission = Submission(scheduler="slurm", job_id="tiny-1", log_dir=str(tmp_path), job=job, request=request)
+    (tmp_path / "request.json").write_text(submission.to_json())
     return JobHandle(scheduler="slurm", job_id="tiny-1", log_dir=str(tmp_path))
 
 

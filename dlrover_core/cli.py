@@ -1,14 +1,13 @@
-"""The ``dlrover`` command line: ``dlrover run`` (torchrun-compatible), ``dlrover submit``,
-``status``, ``logs``, ``cancel``, ``plot``, ``dlrover checkpoint ls|inspect|export``,
-``dlrover plugins`` and ``dlrover doctor``."""
+"""The ``dlrover`` command line: the ``dlrover`` group (the console script's entry point,
+also ``python -m dlrover_core.cli``) with ``dlrover run`` (torchrun-compatible: its command in
+:mod:`dlrover_core.run_command`, its flags' meaning in :mod:`dlrover_core.torchrun`) and here
+``dlrover submit``, ``status``, ``logs``, ``cancel``, ``plot``,
+``dlrover checkpoint ls|inspect|export``, ``dlrover plugins`` and ``dlrover doctor``."""
 
 from __future__ import annotations
 
 import json
-import os
-import re
 import runpy
-import socket
 import sys
 from pathlib import Path
 from time import gmtime, strftime
@@ -16,33 +15,21 @@ from typing import Any
 
 import attrs
 import click
-import psutil
 from rich.console import Console
 from rich.table import Table
 
-from dlrover_core import env, jobplot, plugin_docs
+from dlrover_core import jobplot, plugin_docs, rundir
 from dlrover_core.checkpoint import export as checkpoint_export
+from dlrover_core.display import exit_code, log_record, progress_fields, progress_line
 from dlrover_core.doctor import diagnose
 from dlrover_core.errors import DLRoverError
-from dlrover_core.hostrun import HostPlan, parse_endpoint, run_host
 from dlrover_core.job import Job
 from dlrover_core.logging import json_mode, write_record
 from dlrover_core.plugins import get_host
 from dlrover_core.protocol.result import NO_STEPS_NOTE, format_exit_codes
 from dlrover_core.protocol.state import JobState
-from dlrover_core.runner import (
-    check_checkpoint_storage,
-    check_worker_placement,
-    exit_code,
-    find_job,
-    log_record,
-    progress_fields,
-    progress_line,
-)
-from dlrover_core.signals import DEFAULT_STOP_SIGNALS, SIGNALS_ENV, parse_signals
-from dlrover_core.spec import NUMA_MODES, Checkpoint, Failure, Nodes, auto_heartbeat
-from dlrover_core.stoplatch import StopLatch, process_latch
-from dlrover_core.validation import validate_job
+from dlrover_core.run_command import ensure_log_dir, run
+from dlrover_core.runner import find_job
 
 __all__ = ["main"]
 
@@ -53,414 +40,10 @@ def main() -> None:
     """Self-healing distributed PyTorch training."""
 
 
-# ----- dlrover run -----------------------------------------------------------------------
+main.add_command(run)  # dlrover run: torchrun's command line (dlrover_core.run_command)
 
 
-def _job_name(script: str) -> str:
-    stem = Path(script).stem if script.endswith(".py") else script.split(":")[0].rsplit(".", 1)[-1]
-    name = re.sub(r"[^a-z0-9-]+", "-", stem.lower()).strip("-")[:40].strip("-")
-    return name or "job"
-
-
-#: ``dlrover run`` refuses, without ``--force``, to start more cpu workers on this machine
-#: than this many per CPU core: past it each worker gets a sliver of a core, steps crawl and
-#: gloo's collectives time out, which reads as a hang rather than as the typo it usually is.
-MAX_CPU_WORKERS_PER_CORE = 4
-
-
-def _ensure_log_dir(log_dir: str, flag: str) -> None:
-    """Create ``log_dir`` (the run's logs go below it), or stop with one line naming ``flag``."""
-    try:
-        Path(log_dir).mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        why = exc.strerror or str(exc)
-        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != log_dir else ""
-        raise click.ClickException(f"cannot create the log directory {log_dir!r}{where}: {why}; "
-                                   f"pass {flag} with a directory you can write to") from None
-
-
-def _check_worker_count(nodes: Any, accelerator: str, scheduler: str, force: bool) -> None:
-    """Refuse (unless ``force``) far more cpu workers than this machine has cores.
-
-    Only the local scheduler puts every node's workers on this machine, so only it is
-    checked: ``nproc_per_node * nodes.max`` workers against ``MAX_CPU_WORKERS_PER_CORE``
-    times ``os.cpu_count()``. Other accelerators are bounded by their device count.
-    """
-    nproc = nodes.nproc_per_node
-    cores = os.cpu_count() or 1
-    if force or scheduler != "local" or nproc == "auto" or nproc * nodes.max <= MAX_CPU_WORKERS_PER_CORE * cores:
-        return
-    if accelerator != "cpu":  # probe only when the count is suspicious: "auto" may be a GPU here
-        if get_host().create_accelerator(accelerator).name != "cpu":
-            return
-    total = nproc * nodes.max
-    limit = MAX_CPU_WORKERS_PER_CORE * cores
-    on_nodes = f" ({nproc} per node x {nodes.max} nodes, all on this machine)" if nodes.max > 1 else ""
-    raise click.UsageError(
-        f"--nproc-per-node {nproc} starts {total} cpu workers{on_nodes}, more than {MAX_CPU_WORKERS_PER_CORE} per "
-        f"core of this machine's {cores} cores ({limit}): each would get a sliver of a core and the collectives "
-        f"time out. Use --nproc-per-node {max(1, limit // nodes.max)} or fewer ('auto': half the cores), or pass "
-        "--force to start them anyway."
-    )
-
-
-def _rdzv_conf(text: str) -> dict[str, str]:
-    out = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, value = part.partition("=")
-        if not sep:
-            raise click.BadParameter(f"{part!r} is not KEY=VALUE", param_hint="--rdzv-conf")
-        out[key.strip()] = value.strip()
-    return out
-
-
-#: torchrun flags (``torch.distributed.run``) that ``dlrover run`` does not take, each with why
-#: and what to do instead. Every other torchrun flag is accepted with torchrun's meaning
-#: (differences: ``docs/torchrun.md``).
-_REJECTED = {
-    "--logs-specs": "dlrover writes each rank's output to <log-dir>/<job id>/node_<n>/rank_<r>.log itself; "
-                    "torchrun LogsSpecs plugins are not loaded",
-    "--duplicate-stdout-filters": "not supported: every rank's output is already in its rank_<r>.log",
-    "--duplicate-stderr-filters": "not supported: every rank's output is already in its rank_<r>.log",
-}
-
-_RDZV_CONF_KEYS = ("join_timeout", "last_call_timeout", "close_timeout", "timeout", "read_timeout", "is_host",
-                   "keep_alive_interval", "keep_alive_max_attempt", "heartbeat")
-
-
-def _std_ranks(value: str, flag: str) -> dict[int, int] | int:
-    """torchrun's ``Std`` syntax for -r/-t: ``N`` (every local rank) or ``RANK:N,...``."""
-    try:
-        if ":" not in value:
-            return int(value)
-        return {int(k): int(v) for k, v in (part.split(":") for part in value.split(","))}
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: give 0-3 or LOCAL_RANK:0-3,... (as torchrun)", param_hint=flag) from None
-
-
-def _console_ranks(nproc: int, redirects: str, local_ranks_filter: str) -> str | None:
-    """The local ranks whose output the agent shows (``DLROVER_CONSOLE_LOCAL_RANKS``), or None: all."""
-    shown = set(range(nproc))
-    std = _std_ranks(redirects, "--redirects")
-    if isinstance(std, int):
-        if std:
-            shown = set()
-    else:
-        shown -= {rank for rank, v in std.items() if v}
-    if local_ranks_filter:
-        try:
-            shown &= {int(r) for r in local_ranks_filter.split(",")}
-        except ValueError:
-            raise click.BadParameter("a comma-separated list of integers, e.g. 0,1,2",
-                                     param_hint="--local-ranks-filter") from None
-    return None if shown == set(range(nproc)) else ",".join(str(r) for r in sorted(shown))
-
-
-def _nproc(value: str, accelerator: str) -> int | str:
-    """torchrun's ``--nproc-per-node``: an integer, ``cpu`` (this machine's cores), ``gpu``
-    (one per device) or ``auto`` (one per device; on cpu, dlrover's default)."""
-    if value == "cpu":  # the cores this process may run on, as torchrun counts them (taskset, cpusets)
-        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if value in ("auto", "gpu", "xpu"):
-        return "auto"
-    try:
-        n = int(value)
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: an integer, auto, cpu, gpu or xpu", param_hint="--nproc-per-node") from None
-    if n < 1:
-        raise click.BadParameter("at least 1", param_hint="--nproc-per-node")
-    return n
-
-
-def _interface_of(address: str) -> str | None:
-    for name, addrs in psutil.net_if_addrs().items():
-        if any(a.address.split("%")[0] == address for a in addrs):
-            return name
-    return None
-
-
-@main.command(
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
-    short_help="Run a training script on this host, like torchrun (one agent per host).",
-)
-@click.option("--nnodes", default="1:1", show_default=True, envvar="PET_NNODES",
-              help="Hosts (nodes) of the job as N or MIN:MAX (elastic); run dlrover run on each.")
-@click.option("--nproc-per-node", "--nproc_per_node", "nproc_per_node", default="1", show_default=True,
-              envvar="PET_NPROC_PER_NODE", help="Workers on this host: N, auto (one per device; cpu: half the "
-                                                "cores), cpu (one per core) or gpu.")
-@click.option("--rdzv-backend", "--rdzv_backend", "rdzv_backend", default="static", show_default=True,
-              envvar="PET_RDZV_BACKEND", help="static (--master-addr/--master-port, --node-rank) or c10d "
-                                              "(--rdzv-endpoint); both are served by the job master.")
-@click.option("--rdzv-endpoint", "--rdzv_endpoint", "rdzv_endpoint", default="", envvar="PET_RDZV_ENDPOINT",
-              help="HOST[:PORT] (port 29400) where the job master runs; the first dlrover run on that host starts it.")
-@click.option("--rdzv-id", "--rdzv_id", "rdzv_id", default="none", show_default=True, envvar="PET_RDZV_ID",
-              help="The job's id, the same on every host.")
-@click.option("--rdzv-conf", "--rdzv_conf", "rdzv_conf", default="", envvar="PET_RDZV_CONF",
-              help="KEY=VALUE,...: join_timeout, last_call_timeout, keep_alive_interval, keep_alive_max_attempt, "
-                   "is_host (and torch's close_timeout, timeout, read_timeout, accepted).")
-@click.option("--standalone", is_flag=True, envvar="PET_STANDALONE",
-              help="One host: the job master on a free local port (ignores --rdzv-* flags).")
-@click.option("--max-restarts", "--max_restarts", "max_restarts", type=int, default=3, show_default=True,
-              envvar="PET_MAX_RESTARTS", help="Job-wide budget of recoveries (all hosts together).")
-@click.option("--monitor-interval", "--monitor_interval", "monitor_interval", type=float, default=None,
-              envvar="PET_MONITOR_INTERVAL", help="Seconds between the agent's heartbeats (default: the product's).")
-@click.option("--start-method", "--start_method", "start_method", default="spawn", show_default=True,
-              type=click.Choice(["spawn", "fork", "forkserver"]), envvar="PET_START_METHOD",
-              help="Accepted: a script always starts in a fresh interpreter (as torchrun's scripts do).")
-@click.option("--event-log-handler", "--event_log_handler", "event_log_handler", default="null", show_default=True,
-              envvar="PET_EVENT_LOG_HANDLER", help="Only 'null': dlrover's events go to <run dir>/events.jsonl.")
-@click.option("--role", default="default", show_default=True, envvar="PET_ROLE", help="The workers' ROLE_NAME.")
-@click.option("-m", "--module", "module", is_flag=True, envvar="PET_MODULE",
-              help="Run the entrypoint as a module (python -m).")
-@click.option("--no-python", "--no_python", "no_python", is_flag=True, envvar="PET_NO_PYTHON",
-              help="Run the entrypoint as an executable, without python.")
-@click.option("--run-path", "--run_path", "run_path", is_flag=True, envvar="PET_RUN_PATH",
-              help="Accepted: the script runs as __main__ (in a fresh interpreter per worker).")
-@click.option("--log-dir", "--log_dir", "log_dir", default="dlrover-runs", show_default=True, envvar="PET_LOG_DIR",
-              help="Base directory of the run's logs: <log-dir>/<job id>/.")
-@click.option("-r", "--redirects", default="0", show_default=True, envvar="PET_REDIRECTS",
-              help="Keep these local ranks' output off the console (N or RANK:N,...; it is in rank_<r>.log).")
-@click.option("-t", "--tee", default="0", show_default=True, envvar="PET_TEE",
-              help="Accepted: every rank's output is always written to rank_<r>.log and shown.")
-@click.option("--local-ranks-filter", "--local_ranks_filter", "local_ranks_filter", default="",
-              envvar="PET_LOCAL_RANKS_FILTER", help="Only show these local ranks' output on the console (e.g. 0,1).")
-@click.option("--node-rank", "--node_rank", "node_rank", type=int, default=None, envvar="PET_NODE_RANK",
-              help="This host's node rank (static backend; c10d assigns one).")
-@click.option("--master-addr", "--master_addr", "master_addr", default="127.0.0.1", show_default=True,
-              envvar="PET_MASTER_ADDR", help="Static backend: the host that runs the job master (rank 0's).")
-@click.option("--master-port", "--master_port", "master_port", type=int, default=None, envvar="PET_MASTER_PORT",
-              help="Static backend: the job master's port (29500; a free one with one node).")
-@click.option("--local-addr", "--local_addr", "local_addr", default=None, envvar="PET_LOCAL_ADDR",
-              help="This host's address: workers' collectives use its interface (GLOO_SOCKET_IFNAME).")
-@click.option("--signals-to-handle", "--signals_to_handle", "signals_to_handle", default=DEFAULT_STOP_SIGNALS,
-              show_default=True, envvar="PET_SIGNALS_TO_HANDLE",
-              help="Signals forwarded to the agent, which stops the workers gracefully.")
-@click.option("--shutdown-timeout", "--shutdown_timeout", "shutdown_timeout", type=float, default=None,
-              envvar="PET_SHUTDOWN_TIMEOUT", help="Seconds workers get to exit after SIGTERM (Failure.stop_grace_s; "
-                                                  "unset: $TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 10).")
-@click.option("--logs-specs", "--logs_specs", "logs_specs", default=None, hidden=True)
-@click.option("--numa-binding", "--numa_binding", "numa_binding", default=None, type=click.Choice(NUMA_MODES),
-              help="Bind each worker to the CPUs near its device (the one of its local rank): node, socket, "
-                   "exclusive or core-complex (torch's modes). Needs devices with a NUMA node (cuda).")
-@click.option("--virtual-local-rank", "--virtual_local_rank", "virtual_local_rank", is_flag=True,
-              envvar="PET_VIRTUAL_LOCAL_RANK",
-              help="Every worker sees LOCAL_RANK=0 and only its own device (CUDA_VISIBLE_DEVICES narrowed).")
-@click.option("--duplicate-stdout-filters", "--duplicate_stdout_filters", "duplicate_stdout_filters", default=None,
-              hidden=True, envvar="PET_DUPLICATE_STDOUT_FILTERS")
-@click.option("--duplicate-stderr-filters", "--duplicate_stderr_filters", "duplicate_stderr_filters", default=None,
-              hidden=True, envvar="PET_DUPLICATE_STDERR_FILTERS")
-@click.option("--simulate-nodes", default=None, metavar="N|MIN:MAX",
-              help="dlrover's own: run N simulated nodes, each an agent with --nproc-per-node workers, all on this "
-                   "machine (the local scheduler).")
-@click.option("--accelerator", default="auto", show_default=True, help="cpu, cuda, ascend, ppu or auto.")
-@click.option("--checkpoint-dir", default="checkpoints", show_default=True,
-              help="Where train.Checkpointer saves (shared by every host).")
-@click.option("--node-unit", "--node_unit", "node_unit", type=int, default=1, show_default=True,
-              help="Node count of a round is a multiple of this.")
-@click.option("--run-id", "--run_id", "run_id", default=None, hidden=True)
-@click.option("--dryrun", is_flag=True, help="With --simulate-nodes: print the plan and exit.")
-@click.option("--progress/--no-progress", "progress", default=None,
-              help="dlrover's own: the job's progress line on the job master's host. Default: live on a terminal "
-                   "only; --progress: also plain progress lines (JSON records with DLROVER_LOG_FORMAT=json) "
-                   "when stdout is not a terminal.")
-@click.option("--force", is_flag=True,
-              help=f"Start more than {MAX_CPU_WORKERS_PER_CORE} cpu workers per core of this machine anyway.")
-@click.argument("entrypoint")
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def run(nnodes, nproc_per_node, rdzv_backend, rdzv_endpoint, rdzv_id, rdzv_conf, standalone, max_restarts,
-        monitor_interval, start_method, event_log_handler, role, module, no_python, run_path, log_dir, redirects, tee,
-        local_ranks_filter, node_rank, master_addr, master_port, local_addr, signals_to_handle, shutdown_timeout,
-        logs_specs, numa_binding, virtual_local_rank, duplicate_stdout_filters, duplicate_stderr_filters,
-        simulate_nodes, accelerator, checkpoint_dir, node_unit, run_id, dryrun, progress, force, entrypoint, args):
-    """Run ENTRYPOINT (a script, or a module with -m) with ARGS: one agent on this host.
-
-    \b
-    One host:    dlrover run --nproc-per-node 2 train.py --lr 1e-3
-    Each host:   dlrover run --nnodes 2:3 --nproc-per-node 2 --rdzv-backend c10d \\
-                   --rdzv-endpoint node0:29400 --rdzv-id job1 train.py
-    Static:      dlrover run --nnodes 2 --node-rank 0 --master-addr node0 --master-port 29500 train.py
-
-    torchrun's flags mean what they mean there (docs/torchrun.md lists the differences);
-    --simulate-nodes runs several agents on this machine instead.
-    """
-    given = {"--logs-specs": logs_specs, "--duplicate-stdout-filters": duplicate_stdout_filters,
-             "--duplicate-stderr-filters": duplicate_stderr_filters}
-    for flag, value in given.items():
-        if value:
-            raise click.UsageError(f"{flag} is not supported: {_REJECTED[flag]}")
-    if event_log_handler != "null":
-        raise click.UsageError(f"--event-log-handler {event_log_handler!r} is not supported: dlrover writes its "
-                               "events to <log-dir>/<job id>/events.jsonl (only 'null' is accepted)")
-    if rdzv_backend not in ("static", "c10d", "dlrover"):
-        raise click.UsageError(f"--rdzv-backend {rdzv_backend!r} is not supported: the job master serves the "
-                               "rendezvous; use c10d (with --rdzv-endpoint) or static")
-    if module and no_python:
-        raise click.UsageError("--module and --no-python cannot be used together (as in torchrun)")
-    conf = _rdzv_conf(rdzv_conf)
-    unknown = sorted(set(conf) - set(_RDZV_CONF_KEYS))
-    if unknown:
-        raise click.BadParameter(f"unknown keys {unknown}; known: {', '.join(_RDZV_CONF_KEYS)}", param_hint="--rdzv-conf")
-    try:
-        if module and entrypoint.endswith(".py"):
-            raise click.BadParameter("with -m give a module name, not a file", param_hint="ENTRYPOINT")
-        if simulate_nodes is not None:
-            if nnodes not in ("1", "1:1") or rdzv_endpoint or node_rank is not None:
-                raise click.UsageError("--simulate-nodes runs every node on this machine: leave out --nnodes, "
-                                       "--rdzv-endpoint and --node-rank")
-            nodes = Nodes.parse(simulate_nodes)
-        else:
-            nodes = Nodes.parse(nnodes)
-        nproc = _nproc(nproc_per_node, accelerator)
-        nodes = Nodes(min=nodes.min, max=nodes.max, node_unit=node_unit, nproc_per_node=nproc,
-                      last_call_s=float(conf.get("last_call_timeout", nodes.last_call_s)),
-                      join_timeout_s=float(conf.get("join_timeout", nodes.join_timeout_s)),
-                      numa_binding=numa_binding, virtual_local_rank=virtual_local_rank)
-        failure = _failure(max_restarts, monitor_interval, conf, shutdown_timeout, nodes=nodes.max)
-        job_env = {} if role == "default" else {"ROLE_NAME": role}
-        job = Job(name=_job_name(run_id or (rdzv_id if rdzv_id != "none" else entrypoint)), entrypoint=entrypoint,
-                  args=list(args), nodes=nodes, accelerator=accelerator, checkpoint=Checkpoint(dir=_local_path(checkpoint_dir)),
-                  failure=failure, log_dir=_local_path(log_dir), env=job_env, workdir=os.getcwd())
-        latch = process_latch()  # armed at this process's first instruction (dlrover_core.stoplatch)
-        if latch is not None:
-            latch.handle_only(_signals(signals_to_handle))
-        if simulate_nodes is not None:
-            _check_worker_count(nodes, accelerator, "local", force)
-            _agent_environment(nproc, redirects, tee, local_ranks_filter, no_python, local_addr)
-            os.environ[SIGNALS_ENV] = signals_to_handle
-            if dryrun:
-                click.echo(str(job.dryrun()))
-                _exit_if_stopped(latch)
-                return
-            _ensure_log_dir(log_dir, "--log-dir")
-            job_run = job.submit()  # Job.run(): submit, then wait (which cancels the job on a stop signal)
-            result = job_run.wait()
-            sys.exit(exit_code(result, job_run.stop_signal))
-        _check_worker_count(attrs.evolve(nodes, min=1, max=1), accelerator, "local", force)
-        plan = _host_plan(job, nodes=nodes, standalone=standalone, rdzv_backend=rdzv_backend,
-                          rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, node_rank=node_rank, master_addr=master_addr,
-                          master_port=master_port, is_host=conf.get("is_host"))
-        _agent_environment(nproc, redirects, tee, local_ranks_filter, no_python, local_addr)
-        signals = _signals(signals_to_handle)
-        os.environ[SIGNALS_ENV] = signals_to_handle  # as torchrun: its workers inherit it
-        if dryrun:
-            node = "assigned by the job master" if plan.node_rank is None else str(plan.node_rank)
-            click.echo(f"# this host: one agent, node {node}; the job master at {plan.endpoint} "
-                       f"({'started here' if plan.standalone else 'started by the first dlrover run on that host'})")
-            click.echo(str(attrs.evolve(job, nodes=attrs.evolve(nodes, min=1, max=1)).dryrun()))
-            _exit_if_stopped(latch)
-            return
-        _ensure_log_dir(log_dir, "--log-dir")
-        code = run_host(plan, signals=signals, latch=latch, progress=progress,
-                        preflight=lambda: (validate_job(job), check_checkpoint_storage(job), check_worker_placement(job)))
-    except (DLRoverError, ValueError) as exc:
-        raise click.ClickException(str(exc)) from None
-    sys.exit(code)
-
-
-def _exit_if_stopped(latch: StopLatch | None) -> None:
-    """Exit 128+N when a stop signal N came during a dry run (nothing was started)."""
-    if latch is not None and latch.signum is not None:
-        sys.exit(128 + latch.signum)
-
-
-def _local_path(path: str) -> str:
-    """``path`` made absolute against this directory (a URL such as ``s3://...`` stays): the
-    master, the agent and the workers resolve it alike whatever their working directory."""
-    return path if "://" in path else str(Path(path).resolve())
-
-
-def _failure(max_restarts: int, monitor_interval: float | None, conf: dict[str, str],
-             shutdown_timeout: float | None, *, nodes: int) -> Failure:
-    if max_restarts < 0:
-        raise click.BadParameter("at least 0", param_hint="--max-restarts")
-    fields: dict[str, Any] = {"max_restarts": max_restarts}
-    interval = conf.get("keep_alive_interval", conf.get("heartbeat"))
-    interval_s = float(interval) if interval is not None else monitor_interval
-    if interval_s is not None:
-        fields["heartbeat_interval_s"] = interval_s
-    attempts = conf.get("keep_alive_max_attempt")
-    if attempts is not None:
-        # missed heartbeats of the interval in effect (the automatic one for the job's size)
-        base = interval_s if interval_s is not None else auto_heartbeat(nodes)[0]
-        fields["heartbeat_timeout_s"] = float(attempts) * float(base)
-    elif interval_s is not None:
-        fields["heartbeat_timeout_s"] = max(30.0, 10 * interval_s)
-    if shutdown_timeout is None and os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT"):  # as torchrun reads it
-        try:
-            shutdown_timeout = float(os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"])
-        except ValueError:
-            raise click.BadParameter(f"TORCH_ELASTIC_SHUTDOWN_TIMEOUT={os.environ['TORCH_ELASTIC_SHUTDOWN_TIMEOUT']!r}"
-                                     " is not a number of seconds", param_hint="--shutdown-timeout") from None
-    if shutdown_timeout is not None:
-        fields["stop_grace_s"] = shutdown_timeout
-    return Failure(**fields)
-
-
-def _host_plan(job: Any, *, nodes: Any, standalone: bool, rdzv_backend: str, rdzv_endpoint: str, rdzv_id: str,
-               node_rank: int | None, master_addr: str, master_port: int | None, is_host: str | None) -> HostPlan:
-    """Where this host's agent finds the job master, following torchrun's rules."""
-    rdzv_id = "" if rdzv_id == "none" else rdzv_id
-    if standalone or (nodes.max == 1 and not rdzv_endpoint and master_port is None):
-        if nodes.max > 1:
-            raise click.UsageError("--standalone runs one host: give --nnodes 1 (or leave it out)")
-        port = _free_port()
-        return HostPlan(job=job, endpoint=f"127.0.0.1:{port}", rdzv_id=rdzv_id, node_rank=0, standalone=True,
-                        log_dir=job.log_dir)
-    if rdzv_backend == "static" and not rdzv_endpoint:
-        if nodes.min != nodes.max:
-            raise click.UsageError("--rdzv-backend static needs a fixed --nnodes N; use --rdzv-backend c10d with "
-                                   "--rdzv-endpoint for MIN:MAX")
-        if node_rank is None and nodes.max > 1:
-            raise click.UsageError("--rdzv-backend static needs --node-rank on every host (0 on the one given by "
-                                   "--master-addr); or use --rdzv-backend c10d --rdzv-endpoint HOST:PORT")
-        endpoint = f"{master_addr}:{master_port or 29500}"
-        rank = node_rank or 0
-    else:
-        if not rdzv_endpoint:
-            raise click.UsageError("--rdzv-endpoint HOST[:PORT] is required with more than one node: the host "
-                                   "where the job master runs")
-        endpoint = rdzv_endpoint
-        rank = node_rank if rdzv_backend == "static" else None
-    if is_host is not None and is_host.lower() in ("0", "false", "no"):
-        raise click.UsageError("--rdzv-conf is_host=false is not supported: the first dlrover run on the "
-                               "endpoint's host starts the job master")
-    parse_endpoint(endpoint)  # a clear error for a malformed one, now
-    return HostPlan(job=job, endpoint=endpoint, rdzv_id=rdzv_id, node_rank=rank, log_dir=job.log_dir)
-
-
-def _agent_environment(nproc: int | str, redirects: str, tee: str, local_ranks_filter: str, no_python: bool,
-                       local_addr: str | None) -> None:
-    """Settings the agent reads from its environment (this process's, which it inherits)."""
-    _std_ranks(tee, "--tee")
-    if nproc != "auto":
-        ranks = _console_ranks(int(nproc), redirects, local_ranks_filter)
-        if ranks is not None:
-            os.environ[env.CONSOLE_LOCAL_RANKS] = ranks
-    elif redirects != "0" or local_ranks_filter:
-        raise click.UsageError("--redirects and --local-ranks-filter need a number for --nproc-per-node")
-    if no_python:
-        os.environ[env.WORKER_EXEC] = "1"
-    if local_addr and "GLOO_SOCKET_IFNAME" not in os.environ:
-        interface = _interface_of(local_addr)
-        if interface is None:
-            raise click.BadParameter(f"{local_addr} is not an address of this host", param_hint="--local-addr")
-        os.environ["GLOO_SOCKET_IFNAME"] = interface
-
-
-def _signals(text: str) -> tuple[int, ...]:
-    try:
-        return parse_signals(text)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--signals-to-handle") from None
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# ----- dlrover status ------------------------------------------------------------------------
+# ----- dlrover submit | status | logs | cancel ----------------------------------------------
 
 
 def _load_job(path: str) -> Any:
@@ -491,7 +74,7 @@ def submit(job_file: str, scheduler: str | None, wait: bool, dryrun: bool) -> No
         if dryrun:
             click.echo(str(job.dryrun()))
             return
-        _ensure_log_dir(job.log_dir, f"a Job(log_dir=...) in {job_file}")
+        ensure_log_dir(job.log_dir, f"a Job(log_dir=...) in {job_file}")
         run = job.submit(detach=not wait)
     except DLRoverError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -509,7 +92,7 @@ def _find(job_id: str, log_dir: str) -> Any:
     """The job ``job_id`` under ``log_dir``; ``job_id`` may also be the run directory itself
     (``dlrover-runs/<job id>``, as ``dlrover run`` prints it)."""
     run_dir = Path(job_id)
-    if ("/" in job_id or job_id in (".", "..")) and (run_dir / "job.json").is_file():
+    if ("/" in job_id or job_id in (".", "..")) and (run_dir / rundir.JOB).is_file():
         run_dir = run_dir.resolve()
         job_id, log_dir = run_dir.name, str(run_dir.parent)
     try:
@@ -533,8 +116,8 @@ def status(job_id: str, log_dir: str, as_json: bool) -> None:
     st = run.status()
     goodput = st.goodput
     run_dir = Path(run.handle.log_dir)
-    if not goodput and (run_dir / "goodput.json").exists():
-        goodput = json.loads((run_dir / "goodput.json").read_text())
+    if not goodput and (run_dir / rundir.GOODPUT).exists():
+        goodput = json.loads((run_dir / rundir.GOODPUT).read_text())
     result = run.backend.result(run.handle) if st.state.is_terminal else None
     if result is not None:  # an ended job's status (read from its result) lacks what only the result has
         st = attrs.evolve(st, total_steps=st.total_steps if st.total_steps is not None else result.total_steps,

@@ -11,17 +11,20 @@ only (``{"event": "progress", ...}``, ``{"event": "result", ...}``), never a hum
 from __future__ import annotations
 
 import math
+import re
+import threading
 import time
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from rich.console import Console
 from rich.live import Live
 from rich.text import Text
 
-from dlrover_core.logging import json_mode, write_record
+from dlrover_core.logging import as_record, json_mode, write_record
 from dlrover_core.protocol import JobResult, JobState, JobStatus
 
-__all__ = ["PLAIN_PROGRESS_EVERY_S", "ProgressDisplay", "exit_code", "progress_fields", "progress_line"]
+__all__ = ["PLAIN_PROGRESS_EVERY_S", "ProgressDisplay", "exit_code", "log_record", "progress_fields", "progress_line"]
 
 #: Seconds between two plain progress lines (or JSON progress objects) when nothing changed.
 PLAIN_PROGRESS_EVERY_S = 15.0
@@ -112,6 +115,22 @@ def exit_code(result: JobResult | None, stop_signal: int | None = None) -> int:
     return 1
 
 
+_SOURCE = re.compile(r"^\[([^\]]+)\] ?(.*)$", re.DOTALL)
+
+
+def log_record(line: str) -> dict[str, Any]:
+    """A line of ``backend.logs()`` (``[node-0] text``, ``[master] {json}``) as a JSON Lines
+    object: a JSON line as it is, any other wrapped (``as_record``), with the node it came
+    from (``node``) or ``"process": "master"``."""
+    match = _SOURCE.match(line)
+    if match is None:
+        return as_record(line)
+    source, text = match.groups()
+    node = re.fullmatch(r"node[-_](\d+)", source)
+    tags: dict[str, Any] = {"node": int(node.group(1))} if node else {"process": source}
+    return as_record(text, **tags)
+
+
 Mode = Literal["live", "plain", "json", "off"]
 
 
@@ -190,6 +209,26 @@ class ProgressDisplay:
     def line(self, text: str) -> None:
         """A line of the job's output, printed as it is (above the live line)."""
         self.console.print(Text(text), soft_wrap=True)
+
+    def output(self, line: str) -> None:
+        """A line of the job's logs (``[node-0] text``): printed as it is (:meth:`line`), or
+        in JSON mode written as its record (:func:`log_record`)."""
+        if self.as_json:
+            write_record(log_record(line))
+        else:
+            self.line(line)
+
+    def follow(self, lines: Callable[[], Iterable[str]]) -> threading.Thread:
+        """Show the job's logs as they come: a daemon thread (started, returned for the
+        caller to join) calls ``lines`` (``backend.logs(handle, follow=True)``) and shows each
+        (:meth:`output`) until it ends."""
+        def copy() -> None:
+            for line in lines():
+                self.output(line)
+
+        pump = threading.Thread(target=copy, name="dlrover-logs", daemon=True)
+        pump.start()
+        return pump
 
     def note(self, event: str, text: str) -> None:
         """Something the command itself says (``interrupted: cancelling the job``): a line, or

@@ -1,37 +1,45 @@
-"""``Job.run()``: resolve plugins → dry-run → submit → watch (logs, progress) → JobResult."""
+"""``Job.run()``: resolve plugins → dry-run → submit → wait → JobResult.
+
+:func:`submit` starts a job and gives its :class:`JobRun` (also found again later with
+:func:`find_job`); :meth:`JobRun.wait` sees it to its end: the supervision is
+:class:`~dlrover_core.supervision.Supervisor`'s, what the user sees meanwhile (logs, progress,
+the summary) :class:`~dlrover_core.display.ProgressDisplay`'s, which observes it.
+``exit_code``, ``log_record``, ``progress_fields`` and ``progress_line`` are
+:mod:`dlrover_core.display`'s, named here too for the scripts that import them from here.
+"""
 
 from __future__ import annotations
 
 import json
-import re
-import signal
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from dlrover_core import env
+from dlrover_core import env, rundir
 from dlrover_core.agent.launch import check_placement
-from dlrover_core.display import PLAIN_PROGRESS_EVERY_S, ProgressDisplay, exit_code, progress_fields, progress_line
+from dlrover_core.display import (
+    PLAIN_PROGRESS_EVERY_S,
+    ProgressDisplay,
+    exit_code,
+    log_record,
+    progress_fields,
+    progress_line,
+)
 from dlrover_core.errors import JobSpecError, SchedulerError
 from dlrover_core.fileio import write_atomic
-from dlrover_core.logging import as_record, get_logger, write_record
+from dlrover_core.logging import get_logger
 from dlrover_core.plugins import get_host
 from dlrover_core.protocol import JobResult, JobStatus
 from dlrover_core.scheduler_backend import JobHandle, Plan, SchedulerBackend
 from dlrover_core.spec import JobSpec
-from dlrover_core.stoplatch import StopLatch, process_latch
+from dlrover_core.supervision import Supervisor
 from dlrover_core.validation import validate_job
 
 __all__ = ["HANDLE_FILE", "PLAIN_PROGRESS_EVERY_S", "JobRun", "check_checkpoint_storage", "check_worker_placement",
            "dryrun", "exit_code", "find_job", "log_record", "progress_fields", "progress_line", "save_handle", "submit"]
 
 log = get_logger()
-
-#: How long a terminal job may take to write its result (agents drain first).
-_RESULT_WAIT_S = 60.0
 
 
 def _backend(job: JobSpec) -> SchedulerBackend:
@@ -103,7 +111,7 @@ def check_worker_placement(job: JobSpec) -> None:
 
 
 #: The file in a job's log directory that lets a later process find the job again.
-HANDLE_FILE = "job.json"
+HANDLE_FILE = rundir.JOB
 
 
 def save_handle(handle: JobHandle) -> None:
@@ -134,26 +142,11 @@ def find_job(job_id: str, log_dir: str = "dlrover-runs") -> JobRun:
     return JobRun(backend=backend, plan=None, handle=handle)
 
 
-_SOURCE = re.compile(r"^\[([^\]]+)\] ?(.*)$", re.DOTALL)
-
-
-def log_record(line: str) -> dict[str, Any]:
-    """A line of ``backend.logs()`` (``[node-0] text``, ``[master] {json}``) as a JSON Lines
-    object: a JSON line as it is, any other wrapped (``as_record``), with the node it came
-    from (``node``) or ``"process": "master"``."""
-    match = _SOURCE.match(line)
-    if match is None:
-        return as_record(line)
-    source, text = match.groups()
-    node = re.fullmatch(r"node[-_](\d+)", source)
-    tags: dict[str, Any] = {"node": int(node.group(1))} if node else {"process": source}
-    return as_record(text, **tags)
-
-
 class JobRun:
     """A submitted job: ask its status, stream its logs, cancel it, or wait for its result.
 
-    :meth:`wait` also supervises the job (``SchedulerBackend.supervise``): on the ``local``
+    :meth:`wait` also supervises the job (:class:`~dlrover_core.supervision.Supervisor`, which
+    calls ``SchedulerBackend.supervise``): on the ``local``
     scheduler it restarts a master that died and tells the master at once of an agent
     process that exited. :meth:`status` only reads; a caller that polls it instead of
     waiting leaves a killed agent to ``Failure.heartbeat_timeout_s`` and a dead master dead.
@@ -197,84 +190,25 @@ class JobRun:
         Ctrl-C (SIGINT) or SIGTERM cancels the job (called from the main thread, where those
         signals have their default handling; it is given back at the end): the result is then
         CANCELLED and :attr:`stop_signal` names the signal, for :func:`exit_code` (130, 143).
-        Every process the job started is gone when this returns.
+        Every process the job started is gone when this returns. The waiting, the signals and
+        the cancelling are :class:`~dlrover_core.supervision.Supervisor`'s; the display
+        observes it.
 
         Raises:
             TimeoutError: ``timeout_s`` passed (the job is cancelled first).
+            SchedulerError: the job ended without a result.
             ValueError: ``progress_every_s`` is not positive.
         """
         display = ProgressDisplay(self.job_id, progress=progress, every_s=progress_every_s)
-        as_json = display.as_json
-        start = time.monotonic()
-        pump: threading.Thread | None = None
-        if progress:
-            def copy_logs() -> None:
-                for line in self.backend.logs(self.handle, follow=True):
-                    if as_json:
-                        write_record(log_record(line))
-                    else:
-                        display.line(line)
-
-            pump = threading.Thread(target=copy_logs, name="dlrover-logs", daemon=True)
-            pump.start()
-        latch, own_latch = _stop_latch()
-        timed_out = False
+        pump = display.follow(lambda: self.backend.logs(self.handle, follow=True)) if progress else None
+        supervisor = Supervisor(self.backend, self.handle, observer=display)
         try:
-            display.start()
-            terminal_since: float | None = None
-            while True:
-                if latch is not None and latch.signum is not None:
-                    self.stop_signal = latch.signum
-                    display.note("interrupted", f"{latch.name}: cancelling the job")
-                    break
-                if self.backend.result(self.handle) is not None:
-                    break
-                self.backend.supervise(self.handle)
-                status = self.status()
-                if status.state.is_terminal:
-                    # the result follows once agents have drained; a dead master never writes one
-                    terminal_since = terminal_since or time.monotonic()
-                    if time.monotonic() - terminal_since > _RESULT_WAIT_S:
-                        break
-                else:
-                    terminal_since = None  # e.g. a requeued job runs again
-                display.update(status, time.monotonic() - start)
-                if timeout_s is not None and time.monotonic() - start > timeout_s:
-                    timed_out = True
-                    break
-                time.sleep(poll_s)
-        except KeyboardInterrupt:  # SIGINT where a handler of the caller's raises it
-            self.stop_signal = signal.SIGINT
-            display.note("interrupted", "cancelling the job")
+            result = supervisor.run(timeout_s=timeout_s, poll_s=poll_s)
         finally:
-            display.stop()
-            if own_latch and latch is not None:
-                latch.disarm()  # a second Ctrl-C while cancelling is the caller's again
-            self.backend.cancel(self.handle)  # idempotent: ends the job, removes every process
+            if supervisor.stop_signal is not None:
+                self.stop_signal = supervisor.stop_signal
             if pump is not None:
                 pump.join(timeout=10)
-        if timed_out:
-            raise TimeoutError(f"job {self.job_id} did not finish within {timeout_s} s; it was cancelled")
-        result = self.backend.result(self.handle)
-        if result is None:
-            raise SchedulerError(f"job {self.job_id} ended without a result; see {self.handle.log_dir}")
         if progress:
             display.result(result)
         return result
-
-
-def _stop_latch() -> tuple[StopLatch | None, bool]:
-    """The latch :meth:`JobRun.wait` watches for SIGINT and SIGTERM, and whether it armed it:
-    the process's own (``dlrover run --simulate-nodes`` armed it at its start), else one for
-    those of the two whose handling is Python's default, armed now (in the main thread only:
-    signals are handled there)."""
-    process = process_latch()
-    if process is not None and process.armed:
-        return process, False
-    if threading.current_thread() is not threading.main_thread():
-        return None, False
-    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
-    ours = [s for s, handler in defaults.items() if signal.getsignal(s) is handler]
-    if not ours:
-        return None, False
-    return StopLatch(ours).arm(), True

@@ -100,7 +100,7 @@ def worker_kills(tmp: Path, seed: int, kills: int) -> dict:
     assert result.restarts == kills
     assert records and all(r["ok"] for r in records), records
     assert job_processes(result.job_id) == []
-    assert shm_entries() - shm_before == set()
+    assert {e for e in shm_entries() - shm_before if result.job_id in e} == set()  # other jobs may run meanwhile
     events = [json.loads(line) for line in (Path(result.log_dir) / "events.jsonl").read_text().splitlines()]
     decisions = [e for e in events if e["kind"] == "restore_decided" and e["round"] > 0]
     return {"seed": seed, "kills": kills, "restores": [(r["source"], r["step"]) for r in records],

@@ -70,6 +70,71 @@ def test_the_import_contracts_hold():
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
 
 
+def _import_cycles(package: str) -> list[list[str]]:
+    """The import cycles between ``package``'s modules (each a strongly connected component of
+    two or more), at module level, where importing ``a.b.c`` from outside ``a.b`` counts as
+    importing ``a.b`` too: Python runs that package's ``__init__`` (and what it re-exports)
+    first. ``if TYPE_CHECKING:`` imports never run and do not count; the root package's
+    ``__init__`` does not either (every module is below it)."""
+    grimp = pytest.importorskip("grimp", reason="comes with import-linter (pip install -e '.[test]')")
+    graph = grimp.build_graph(package, exclude_type_checking_imports=True)
+    edges: dict[str, set[str]] = {}
+    for module in graph.modules:
+        imported = set(graph.find_modules_directly_imported_by(module))
+        for other in list(imported):
+            parts = other.split(".")
+            for depth in range(2, len(parts)):
+                parent = ".".join(parts[:depth])
+                if parent in graph.modules and not module.startswith(parent + ".") and parent != module:
+                    imported.add(parent)
+        edges[module] = imported
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:  # Tarjan's strongly connected components
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in edges[module]:
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            component = [stack.pop()]
+            while component[-1] != module:
+                component.append(stack.pop())
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(graph.modules):
+        if module not in index:
+            visit(module)
+    return cycles
+
+
+def test_no_module_imports_itself_round_a_cycle():
+    """No cycle between any two modules of the core, also not through a package's
+    ``__init__`` (the contract ``no-cycles`` sees only siblings): each import goes down."""
+    assert _import_cycles("dlrover_core") == []
+
+
+def test_the_cycle_check_sees_a_cycle_through_a_package_init(tmp_path, monkeypatch):
+    """``a`` imports ``pkg.leaf``, which runs ``pkg/__init__``, which re-exports ``pkg.mid``,
+    which imports ``a``: a cycle no sibling contract sees."""
+    root = tmp_path / "cyc"
+    (root / "pkg").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "a.py").write_text("from cyc.pkg.leaf import X\n")
+    (root / "pkg" / "__init__.py").write_text("from cyc.pkg.mid import Y\n")
+    (root / "pkg" / "leaf.py").write_text("X = 1\n")
+    (root / "pkg" / "mid.py").write_text("import cyc.a\nY = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _import_cycles("cyc") == [["cyc.a", "cyc.pkg", "cyc.pkg.mid"]]
+
+
 def test_function_level_imports_are_only_for_optional_or_heavy_packages_and_say_why():
     problems = []
     for path in _sources():

@@ -18,8 +18,9 @@ import pytest
 from click.testing import CliRunner
 
 from dlrover_core import Job
-from dlrover_core.cli import MAX_CPU_WORKERS_PER_CORE, main
+from dlrover_core.cli import main
 from dlrover_core.errors import JobSpecError
+from dlrover_core.run_command import MAX_CPU_WORKERS_PER_CORE
 from dlrover_core.train import ElasticSampler
 
 # ----- Job(args=...) ---------------------------------------------------------------------------

@@ -336,3 +336,24 @@ def test_assign_node_is_idempotent_per_launcher_and_refuses_another_job(master):
     master.cancel(Cancel(reason="done"))
     late = master.assign_node(AssignNode(key="hostD:14"))
     assert late.action == Action.STOP and "already ended CANCELLED" in late.reason
+
+
+def test_a_second_agent_of_a_running_node_restarts_the_round_not_counted(master):
+    """A relaunch issued twice starts two agents for one node: the later one registers after
+    the earlier one ran the round. The earlier one is fenced, so the round cannot go on
+    without it: every node restarts into the next round (a membership change, not counted),
+    where the new agent is expected, instead of the new agent waiting for a round never formed."""
+    form_round(master)
+    master.register(Register(node_id=1, host="h", pid=201))
+    assert master.required_round == 1 and master.restarts == 0
+    assert beat(master, 0, 0).action == "restart"
+    change = [e for e in master.events if e.kind == "membership_changed"]
+    assert len(change) == 1 and "node 1 has a new agent (pid 201)" in change[0].data["reason"], change
+    for n in (0, 1):
+        master.join(Join(node_id=n, nproc=1))
+    assert [master.poll(Poll(node_id=n)).state for n in (0, 1)] == ["ready", "ready"]
+    # a register of a node that is not running a round changes nothing
+    master.register(Register(node_id=1, host="h", pid=202))
+    assert master.required_round == 2  # it was running round 1: restarted again
+    master.register(Register(node_id=1, host="h", pid=203))
+    assert master.required_round == 2  # waiting for round 2, not running it: no new round

@@ -163,9 +163,10 @@ def test_the_holder_killed_while_it_sends_the_state_makes_every_worker_restart(t
     replacement the state: the master restarts every worker from the newest checkpoint and
     says why, instead of forming a world of replacements that waits for ever."""
     shm_before = shm_entries()
-    run = live_job(tmp_path, "live8", steps=80, extra=("--ballast-mb", "128")).submit()
+    run = live_job(tmp_path, "live8", steps=150, extra=("--ballast-mb", "128")).submit()
     pids = first_pids(run, 2)
     wait_for(lambda: run.status().step >= 10, 60, "step 10")
+    (tmp_path / "pace").write_text("0.3")  # the survivor trains on until the replacement joins, even on a loaded machine
     killed_at = time.time()
     os.kill(pids[1], signal.SIGKILL)
     sending = tmp_path / "out" / f"sending_{pids[0]}"  # (also written when the loop checked the state at start)
@@ -178,6 +179,7 @@ def test_the_holder_killed_while_it_sends_the_state_makes_every_worker_restart(t
 
     wait_for(sends, 90, "rank 0 sending its state to the replacement", poll_s=0.002)
     os.kill(pids[0], signal.SIGKILL)
+    (tmp_path / "pace").write_text("0.005")  # what is left to watch is that every worker restarts and ends well
     result = finish(run, shm_before)
     assert [f.recovery for f in result.failures[:2]] == ["live", "restart_all"], result.failures
     second = result.failures[1]
@@ -188,7 +190,7 @@ def test_the_holder_killed_while_it_sends_the_state_makes_every_worker_restart(t
     assert any(e["kind"] == "rendezvous_completed" and e["round"] == 1 for e in events)
     finals = [json.loads(p.read_text()) for p in (tmp_path / "out").glob("final_*.json")]
     assert len(finals) == 2 and len({f["params"] for f in finals}) == 1, finals
-    assert check_committed_steps(tmp_path / "ck")[-1] == 79
+    assert check_committed_steps(tmp_path / "ck")[-1] == 149
 
 
 @pytest.mark.timeout(300)

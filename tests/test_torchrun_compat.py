@@ -40,7 +40,7 @@ import pytest
 from click.testing import CliRunner
 from helpers import ROOT, SCRIPTS
 
-from dlrover_core import cli
+from dlrover_core import cli, run_command, torchrun
 
 BIN = Path(sys.executable).parent
 TORCHRUN = BIN / "torchrun"
@@ -355,11 +355,11 @@ def _torch_actions() -> dict[str, object]:
 
 
 def _ours() -> dict[str, click.Option]:
-    return {p.name: p for p in cli.run.params if isinstance(p, click.Option)}
+    return {p.name: p for p in run_command.run.params if isinstance(p, click.Option)}
 
 
 def _rejected_dests() -> set[str]:
-    return {flag[2:].replace("-", "_") for flag in cli._REJECTED}
+    return {flag[2:].replace("-", "_") for flag in torchrun.REJECTED_FLAGS}
 
 
 #: Rejected values of accepted flags: (the command line, what the one line must name).
@@ -390,7 +390,7 @@ def test_every_torchrun_flag_is_declared():
         assert set(names) <= declared, f"{names[0]}: torchrun spells it {names}, dlrover run {sorted(declared)}"
         rejected = dest in _rejected_dests()
         assert ours[dest].hidden == rejected, f"{names[0]}: hidden exactly when rejected"
-    assert set(cli._REJECTED) <= {names[0] for names in _torch_options().values()}
+    assert set(torchrun.REJECTED_FLAGS) <= {names[0] for names in _torch_options().values()}
 
 
 def test_accepted_flags_have_torchruns_defaults_and_environment_variables():
@@ -398,7 +398,7 @@ def test_accepted_flags_have_torchruns_defaults_and_environment_variables():
     torchrun reads for a flag is read by dlrover run too (a rejected flag set that way is
     rejected, not ignored)."""
     ours, differing = _ours(), {}
-    ctx = click.Context(cli.run)
+    ctx = click.Context(run_command.run)
     for dest, action in _torch_actions().items():
         mine = ours[dest]
         if type(action).__name__ in ("env", "check_env"):  # torch's actions that read PET_<DEST>
@@ -414,10 +414,10 @@ def test_accepted_flags_have_torchruns_defaults_and_environment_variables():
 def test_nproc_per_node_cpu_counts_cores_as_torchrun():
     from torch.distributed.run import determine_local_world_size
 
-    assert cli._nproc("cpu", "auto") == determine_local_world_size("cpu")
+    assert torchrun.nproc_per_node("cpu") == determine_local_world_size("cpu")
 
 
-@pytest.mark.parametrize("flag", sorted(cli._REJECTED))
+@pytest.mark.parametrize("flag", sorted(torchrun.REJECTED_FLAGS))
 def test_rejected_flags_are_one_line_naming_the_flag(flag, tmp_path):
     spellings = [flag, "--" + flag[2:].replace("-", "_")]
     for spelling in spellings:
@@ -462,7 +462,7 @@ def test_docs_table_lists_every_torchrun_flag():
     assert set(rows) == set(long_names)
     statuses = {status for status, _ in rows.values()}
     assert statuses <= {"accepted", "accepted, differs", "rejected"}, statuses
-    assert {f for f, (status, _) in rows.items() if status == "rejected"} == set(cli._REJECTED)
+    assert {f for f, (status, _) in rows.items() if status == "rejected"} == set(torchrun.REJECTED_FLAGS)
     for flag, dest in long_names.items():
         if dest in DEFAULT_DIFFERENCES:
             assert rows[flag][0] == "accepted, differs", flag

@@ -49,6 +49,7 @@ from typing import Any
 
 import attrs
 
+from dlrover_core import rundir
 from dlrover_core.logging import get_logger
 from dlrover_core.master import views
 from dlrover_core.master.book import JobBook
@@ -151,7 +152,7 @@ class JobMaster:
         self.job, self.job_id, self.store_host = job, job_id, store_host
         self._emit_hook, self.clock = emit, clock
         self._lock = threading.RLock()
-        self._events_file = open(log_dir / "events.jsonl", "a", buffering=1) if log_dir else None
+        self._events_file = open(log_dir / rundir.EVENTS, "a", buffering=1) if log_dir else None
         self.log_dir = log_dir
         self.rdzv = RendezvousManager(min_nodes=job.nodes.min, max_nodes=job.nodes.max, node_unit=job.nodes.node_unit,
                                       last_call_s=job.nodes.last_call_s, clock=clock)
@@ -259,9 +260,17 @@ class JobMaster:
             return NodeAssigned(node_id=self.fleet.assign(message.key), job_id=self.job_id)
 
     def register(self, message: Register) -> Registered:
-        """An agent starts for ``node_id``; it gets a new fencing token (:meth:`Fleet.register`)."""
-        with self._lock:
+        """An agent starts for ``node_id``; it gets a new fencing token (:meth:`Fleet.register`).
+        When the node's fenced agent was running the current round (a relaunch issued twice,
+        both agents started), every node restarts into a new round, not counted."""
+        with self.wal.batch():
+            before, rnd = self.nodes.get(message.node_id), self.rdzv.latest
+            ran = (before is not None and before.state == "running" and rnd is not None and message.node_id in rnd
+                   and before.round == rnd.index and rnd.index >= self.required_round)
             node = self.fleet.register(message.node_id, host=message.host, pid=message.pid)
+            if ran:  # its running agent is fenced now: the round cannot go on without it (nor wait for it)
+                self.rounds.new_round(f"node {message.node_id} has a new agent (pid {message.pid}) while its "
+                                      f"fenced one ran round {rnd.index}")  # type: ignore[union-attr]
             return Registered(action=self.action(self.required_round, node), job_id=self.job_id, token=node.token)
 
     def fenced(self, node_id: int, token: int | None) -> bool:

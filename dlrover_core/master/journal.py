@@ -16,7 +16,7 @@ Two files in the run's log directory:
   (a machine crash can lose the newest ones; snapshots are fsynced).
 
 Journal points (the names the test hook takes): snapshots at ``round_formed``,
-``restart_decided``, ``membership_changed``, ``step_committed``, ``job_finished`` and
+``restart_decided``, ``membership_changed``, ``step_committed``, ``restore_decided``, ``job_finished`` and
 ``master_recovered``; lines at ``node_placed`` (told its place in a round),
 ``node_succeeded``, ``node_lost``, ``node_excluded`` and ``relaunch_issued``.
 

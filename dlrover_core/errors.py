@@ -14,6 +14,10 @@ also subclasses the matching builtin so callers can catch either::
     ├── MasterUnavailableError            the job master could not be reached (after retries)
     ├── ProtocolError                     a malformed message between the job's processes
     └── TransientError                    a failure worth retrying (retries catch this)
+
+Raised elsewhere, on the same root: ``torchrun.TorchrunArgumentError(DLRoverError, ValueError)``
+(an argument ``dlrover run`` refuses; the command turns it into click's usage error) and
+``train.LiveRecoveryError`` (see :mod:`dlrover_core.train.live`).
 """
 
 from __future__ import annotations

@@ -604,7 +604,7 @@ class _Launcher:
             "native_id": str(master_pid)}, indent=2))
         write_atomic(RunDir(self.run_dir).handle, json.dumps({
             "job_id": self.job_id, "master_addr": self.endpoint, "master_pid": master_pid, "agents": {},
-            "processes": [], "launcher_pid": os.getpid()}, indent=2))
+            "launcher_pid": os.getpid()}, indent=2))
 
     def _supervise(self) -> int | None:
         """Watch the agent (and the master) until the agent exits; return the exit code of a

@@ -357,3 +357,85 @@ def test_a_second_agent_of_a_running_node_restarts_the_round_not_counted(master)
     assert master.required_round == 2  # it was running round 1: restarted again
     master.register(Register(node_id=1, host="h", pid=203))
     assert master.required_round == 2  # waiting for round 2, not running it: no new round
+
+
+class _Agent:
+    """One incarnation of a node's agent, as the agent's loop speaks to the master: it
+    registers, joins, polls until placed (joining again when answered ``rejoin``), then
+    heartbeats its round and restarts (joins again) when told to; a fenced one stops."""
+
+    def __init__(self, m, node_id: int, pid: int) -> None:
+        self.m, self.node_id = m, node_id
+        self.token = m.register(Register(node_id=node_id, host="h", pid=pid)).token
+        self.round, self.stopped = None, False  # the round it runs (None: joining)
+        self.m.join(Join(node_id=node_id, nproc=1, token=self.token))
+
+    def act(self) -> None:
+        if self.stopped or self.m.fenced(self.node_id, self.token):  # the server answers a fenced one stop
+            self.stopped = True
+            return
+        if self.round is None:
+            answer = self.m.poll(Poll(node_id=self.node_id, token=self.token))
+            if answer.action == "stop":
+                self.stopped = True
+            elif answer.state == "ready":
+                self.round = answer.round
+            elif answer.state == "rejoin":  # the master does not know it waits: join again
+                self.m.join(Join(node_id=self.node_id, nproc=1, token=self.token))
+            return
+        answer = self.m.heartbeat(Heartbeat(node_id=self.node_id, round=self.round, token=self.token))
+        if answer.action == "stop":
+            self.stopped = True
+        elif answer.action == "restart":
+            self.round = None
+            self.m.join(Join(node_id=self.node_id, nproc=1, token=self.token))
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_agent_incarnations_never_leave_the_job_without_a_round_seeded(master, seed):
+    """Seeded schedules of two nodes' agents: at random moments a node gets a new agent (a
+    relaunch, issued once or twice) while its earlier one may be joining, placed, or running;
+    workers fail; time passes. The master is called as its server calls it (a fenced agent's
+    call is answered stop, ``JobMaster.fenced``). Invariants: an agent replaced by a newer
+    one is fenced; and once
+    the schedule ends and the newest agents go on, within a bounded number of turns either
+    the job ended or both newest agents run the same round, the newest one formed (no agent
+    waits for a round that will never form)."""
+    rng = random.Random(seed)
+    m = master
+    pid = iter(range(1000, 10_000))
+    agents = {n: _Agent(m, n, next(pid)) for n in (0, 1)}
+    fenced: list[_Agent] = []
+    for _ in range(rng.randint(5, 40)):
+        roll = rng.random()
+        n = rng.randrange(2)
+        if roll < 0.15:  # a new agent for node n; the old one is fenced from now on
+            fenced.append(agents[n])
+            agents[n] = _Agent(m, n, next(pid))
+        elif roll < 0.22 and agents[n].round is not None:  # its worker fails
+            a = agents[n]
+            m.failure(FailureReport(node_id=n, round=a.round, token=a.token, failures=(
+                WorkerFailure.exited(rank=n, local_rank=0, exit_code=1),)))
+        elif roll < 0.32 and fenced:  # an old agent is still around: the server answers it stop
+            old = rng.choice(fenced)
+            assert m.fenced(old.node_id, old.token), seed
+            old.act()
+            assert old.stopped, seed
+        else:
+            agents[n].act()
+        m.clock.t += rng.choice((0.0, 0.1, 1.0))
+        m.tick()
+    for _ in range(50):  # the newest agents go on; nothing else happens
+        for a in agents.values():
+            a.act()
+        m.clock.t += 1.0
+        m.tick()
+        if m.state.is_terminal:
+            return
+        latest = m.rdzv.latest
+        if latest is not None and all(a.round == latest.index for a in agents.values()):
+            return
+    raise AssertionError(f"seed {seed}: stuck: agents in rounds {[(a.round, a.stopped) for a in agents.values()]}, "
+                         f"nodes {[(n.node_id, n.state, n.round) for n in m.nodes.values()]}, waiting {m.rdzv.waiting}, "
+                         f"required {m.required_round}, latest {m.rdzv.latest and m.rdzv.latest.index}, "
+                         f"state {m.state}")

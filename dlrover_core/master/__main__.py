@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     host = get_host()
     storage = host.registries.storage.get(job.checkpoint.storage)(job.checkpoint.dir)
-    journal = Journal(run.journal)
+    journal = Journal(run.journal, log_path=run.journal_log)
     make_store = _store_factory()
     master = JobMaster(job, args.job_id, store_host=args.store_host, store_factory=make_store,
                        storage=storage, relaunch=_await_launcher if args.relaunch_by_launchers else _relauncher(job, args.job_id, log_dir),

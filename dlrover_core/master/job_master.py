@@ -261,16 +261,16 @@ class JobMaster:
 
     def register(self, message: Register) -> Registered:
         """An agent starts for ``node_id``; it gets a new fencing token (:meth:`Fleet.register`).
-        When the node's fenced agent was running the current round (a relaunch issued twice,
-        both agents started), every node restarts into a new round, not counted."""
+        When the node's fenced agent was a member of the current round (a relaunch issued
+        twice, both agents started), every node restarts into a new round, not counted."""
         with self.wal.batch():
             before, rnd = self.nodes.get(message.node_id), self.rdzv.latest
-            ran = (before is not None and before.state == "running" and rnd is not None and message.node_id in rnd
-                   and before.round == rnd.index and rnd.index >= self.required_round)
+            ran = (before is not None and before.state in ("running", "waiting") and rnd is not None
+                   and message.node_id in rnd and rnd.index >= self.required_round)
             node = self.fleet.register(message.node_id, host=message.host, pid=message.pid)
-            if ran:  # its running agent is fenced now: the round cannot go on without it (nor wait for it)
+            if ran:  # its agent in the round is fenced now: the round cannot go on without it (nor wait for it)
                 self.rounds.new_round(f"node {message.node_id} has a new agent (pid {message.pid}) while its "
-                                      f"fenced one ran round {rnd.index}")  # type: ignore[union-attr]
+                                      f"fenced one was in round {rnd.index}")  # type: ignore[union-attr]
             return Registered(action=self.action(self.required_round, node), job_id=self.job_id, token=node.token)
 
     def fenced(self, node_id: int, token: int | None) -> bool:

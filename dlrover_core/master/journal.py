@@ -83,14 +83,15 @@ class Journal:
     master's lock when both are held).
 
     Args:
-        path: the snapshot file (``master_journal.json``); the log is ``master_journal.log``
-            beside it.
+        path: the snapshot file (``master_journal.json``, ``rundir.JOURNAL``).
+        log_path: the log of node changes (``rundir.JOURNAL_LOG``); default: ``path`` with
+            the suffix ``.log``.
         crash_at: the test hook's ``point:n`` (default: ``$DLROVER_TEST_CRASH_AT``).
     """
 
-    def __init__(self, path: Path, *, crash_at: str | None = None) -> None:
+    def __init__(self, path: Path, *, log_path: Path | None = None, crash_at: str | None = None) -> None:
         self.path = Path(path)
-        self.log_path = self.path.with_suffix(".log")
+        self.log_path = Path(log_path) if log_path is not None else self.path.with_suffix(".log")
         self._lock = threading.Lock()
         self._version = -1
         self._last_body = ""

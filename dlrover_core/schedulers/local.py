@@ -175,8 +175,7 @@ class LocalScheduler(SchedulerBackend):
         agents = {spec.name: self._start(plan.job_id, spec).pid for spec in agent_specs}
         handle_info = {
             "job_id": plan.job_id, "master_addr": master_addr, "master_pid": master.pid, "agents": agents,
-            "processes": [attrs.asdict(p) for p in plan.processes],
-        }
+        }  # the processes' descriptions are in request.json (SchedulerBackend.submission)
         RunDir(plan.log_dir).handle.write_text(json.dumps(handle_info, indent=2))
         return JobHandle(scheduler=self.name, job_id=plan.job_id, log_dir=plan.log_dir, native_id=str(master.pid))
 

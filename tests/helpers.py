@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -96,6 +97,11 @@ def run_checked(*cmd: str | Path, env: dict[str, str] | None = None, cwd: str | 
     return p.stdout
 
 
+#: What a source tree holds that no wheel needs: build output, caches, environments, and (for the
+#: core's tree) the plugin projects, which are built from their own trees.
+_SOURCE_LITTER = shutil.ignore_patterns("build", "dist", "*.egg-info", "__pycache__", ".*", "plugins", "benchmarks")
+
+
 def make_venv(tmp: Path, projects: list[Path]) -> Path:
     """A new virtual environment under ``tmp`` holding wheels built from ``projects`` (source
     trees with a pyproject.toml); returns its python.
@@ -110,8 +116,12 @@ def make_venv(tmp: Path, projects: list[Path]) -> Path:
     import sysconfig
 
     wheels = tmp / "wheels"
+    # setuptools builds in the source tree (build/, *.egg-info): two tests building the same
+    # project at once (pytest-xdist) would tear each other's build; each builds from its own copy.
+    sources = [shutil.copytree(project, tmp / "src" / f"{i}-{project.name}", ignore=_SOURCE_LITTER)
+               for i, project in enumerate(projects)]
     run_checked(sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", wheels,
-                *projects)
+                *sources)
     venv = tmp / "venv"
     run_checked(sys.executable, "-m", "venv", "--without-pip", venv)
     py = venv / "bin" / "python"

@@ -219,7 +219,7 @@ def test_a_replaced_agent_that_comes_back_touches_nothing_of_its_replacement(tmp
 
     import psutil
 
-    run = ckpt_job(tmp_path, "fence", args=["--steps", "260", "--step-sleep", "0.05", "--noise", "--force-last"],
+    run = ckpt_job(tmp_path, "fence", args=["--steps", "160", "--step-sleep", "0.05", "--noise", "--force-last"],
                    nodes=2, persist_every=10,
                    failure=Failure(max_restarts=3, heartbeat_interval_s=0.5, heartbeat_timeout_s=3.0,
                                    stop_grace_s=2)).submit()
@@ -260,5 +260,5 @@ def test_a_replaced_agent_that_comes_back_touches_nothing_of_its_replacement(tmp
     assert result.state == JobState.SUCCEEDED, result.reason
     log_text = "".join(p.read_text() for p in Path(result.log_dir).glob("node_1*.log"))
     assert "agent_fenced" in log_text
-    assert PosixStorage(str(tmp_path / "ck")).latest_step() == 259
+    assert PosixStorage(str(tmp_path / "ck")).latest_step() == 159
     check_committed_steps(tmp_path / "ck")

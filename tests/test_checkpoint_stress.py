@@ -280,7 +280,7 @@ def test_real_jobs_with_kills_and_a_flaky_disk_keep_the_invariants(tmp_path, mon
     rng = random.Random(seed)
     use_flaky_storage(tmp_path, monkeypatch, seed=seed, fail_p=0.1, delay_s=0.02, jitter_s=0.15)
     ck = tmp_path / "ck"
-    steps = 300
+    steps = 150
     job = Job(
         name="stress", entrypoint=str(SCRIPTS / "ckpt_train.py"),
         args=["--steps", str(steps), "--step-sleep", "0.03", "--noise", "--force-last"],

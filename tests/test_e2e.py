@@ -28,8 +28,9 @@ def tiny_job(tmp: Path, *args: str, max_restarts: int = 1, nodes: int = 2, **kw)
 def run_example(tmp: Path, name: str, *extra: str) -> dict:
     out = tmp / f"{name}.json"
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLE), "--steps", "40", "--persist-every", "10", "--log-dir", str(tmp / "runs"),
-         "--result-json", str(out), *extra, "--", "--eval-every", "20", "--log-every", "10", "--max-bytes", "1000000"],
+        [sys.executable, str(EXAMPLE), "--steps", "30", "--persist-every", "10", "--log-dir", str(tmp / "runs"),
+         "--result-json", str(out), *extra, "--", "--eval-every", "15", "--log-every", "10", "--max-bytes", "300000",
+         "--block-size", "32"],
         cwd=tmp, capture_output=True, text=True, timeout=240,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -53,7 +54,7 @@ def trained_twice_by_rank0(log_dir: Path) -> dict[int, float]:
 
 @pytest.mark.timeout(400)
 def test_sigkilled_worker_live_recovery_and_restart_all(tmp_path):
-    """The example on 2 nodes with a SIGKILL at step 25, both ways.
+    """The example on 2 nodes with a SIGKILL at step 15, both ways.
 
     Live (the default): the survivor goes on at world size 1 and the replacement rejoins with
     its state: nothing is recomputed (but the step in flight, when the killed rank finished
@@ -63,7 +64,7 @@ def test_sigkilled_worker_live_recovery_and_restart_all(tmp_path):
     (not older than the last commit) and ends with the same parameters as a run without the
     kill, bit for bit."""
     clean = run_example(tmp_path, "clean")
-    live = run_example(tmp_path, "live", "--chaos", "--chaos-step", "25", "--chaos-seed", "1")
+    live = run_example(tmp_path, "live", "--chaos", "--chaos-step", "15", "--chaos-seed", "1")
     assert clean["state"] == live["state"] == "SUCCEEDED"
     assert clean["restarts"] == 0 and live["restarts"] == 1
     (failure,) = live["failures"]
@@ -73,7 +74,7 @@ def test_sigkilled_worker_live_recovery_and_restart_all(tmp_path):
     assert live["recomputed_s"] == pytest.approx(sum(twice.values()), abs=1e-6)
     assert abs(live["final_val_loss"] - clean["final_val_loss"]) / clean["final_val_loss"] < 0.01, (live, clean)
 
-    killed = run_example(tmp_path, "killed", "--chaos", "--chaos-step", "25", "--chaos-seed", "1", "--restart-all")
+    killed = run_example(tmp_path, "killed", "--chaos", "--chaos-step", "15", "--chaos-seed", "1", "--restart-all")
     assert killed["state"] == "SUCCEEDED" and killed["restarts"] == 1
     assert killed["chaos"]["step"] is not None
     failure = next(f for f in killed["failures"] if f["signal"] == "SIGKILL")

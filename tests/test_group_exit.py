@@ -1,6 +1,8 @@
 """A worker's process group is destroyed when its script returns, before the interpreter
 tears down (a gloo group left to finalization can abort the process with exit code -6:
-"terminate called without an active exception"), but not after an uncaught exception."""
+"terminate called without an active exception"), but not after an uncaught exception.
+Either way the objects alive then are frozen out of the collector's passes at exit (a
+second or so of a torch worker's exit), unless ``DLROVER_GC_AT_EXIT=1``."""
 
 from __future__ import annotations
 
@@ -12,11 +14,12 @@ import pytest
 
 #: the check is registered before ``train.init()``: atexit runs it after dlrover's hook
 SCRIPT = textwrap.dedent("""
-    import atexit, sys
+    import atexit, gc, sys
     import torch.distributed as dist
 
     def check():
         print("initialized at exit:", dist.is_initialized(), flush=True)
+        print("frozen at exit:", gc.get_freeze_count() > 10_000, flush=True)  # torch's objects
 
     atexit.register(check)
     from dlrover_core import train
@@ -27,12 +30,17 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize(("how", "initialized", "code"), [("return", False, 0), ("raise", True, 1)])
-def test_the_group_is_destroyed_at_a_normal_exit_only(tmp_path, how, initialized, code):
+@pytest.mark.parametrize(("how", "initialized", "code", "gc_at_exit"),
+                         [("return", False, 0, ""), ("raise", True, 1, ""), ("return", False, 0, "1")])
+def test_the_group_is_destroyed_at_a_normal_exit_only(tmp_path, how, initialized, code, gc_at_exit):
+    import os
+
     (tmp_path / "script.py").write_text(SCRIPT)
-    proc = subprocess.run([sys.executable, "script.py", how], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "script.py", how], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "DLROVER_GC_AT_EXIT": gc_at_exit})
     assert proc.returncode == code, proc.stderr[-2000:]
     assert f"initialized at exit: {initialized}" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    assert f"frozen at exit: {gc_at_exit != '1'}" in proc.stdout, proc.stdout + proc.stderr[-2000:]
 
 
 #: two ranks of a DDP model that ``train.steps()`` would rebuild on each live generation

@@ -17,14 +17,14 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tenacity
 import urllib3
-from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
-from kubernetes.client.exceptions import ApiException
-from kubernetes.config.config_exception import ConfigException
+
+if TYPE_CHECKING:
+    from kubernetes import client as k8s_client
+    from kubernetes.client.exceptions import ApiException
 
 from dlrover_core import SchedulerError
 from dlrover_core.backend import api_retrying, get_logger
@@ -58,8 +58,24 @@ class K8sApiError(SchedulerError):
         super().__init__(f"kubernetes API refused to {action}: HTTP {status} {reason}: {api_message}")
 
 
+def _kube() -> Any:
+    """The ``kubernetes`` package, imported on first use: loading the plugins (every worker,
+    agent and master does, whatever its scheduler) must not pay the 0.35 s of importing it."""
+    import kubernetes  # heavy: the client, its models, pydantic
+
+    return kubernetes
+
+
+def _is_api_exception(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is the client's ``ApiException`` (without importing the client for it:
+    no ApiException can exist before the client is imported)."""
+    import sys
+
+    return "kubernetes" in sys.modules and isinstance(exc, _kube().client.exceptions.ApiException)
+
+
 def _is_transient(exc: BaseException) -> bool:
-    if isinstance(exc, ApiException):
+    if _is_api_exception(exc):
         return exc.status in TRANSIENT_STATUSES
     return isinstance(exc, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError))
 
@@ -115,7 +131,7 @@ def k8s_retrying(
 
 
 def _describe(exc: BaseException | None) -> str:
-    if isinstance(exc, ApiException):
+    if _is_api_exception(exc):
         return f"HTTP {exc.status} {exc.reason}"
     return f"{type(exc).__name__}: {exc}"
 
@@ -139,14 +155,15 @@ def _api_message(exc: ApiException) -> tuple[str, str]:
 
 def load_client_configuration(config: K8sConfig) -> k8s_client.Configuration:
     """A client configuration (see the module docstring for the order); our retries only."""
-    cfg = k8s_client.Configuration()
+    kube = _kube()
+    cfg = kube.client.Configuration()
     try:
         if config.kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            k8s_config.load_incluster_config(client_configuration=cfg)
+            kube.config.load_incluster_config(client_configuration=cfg)
         else:
-            k8s_config.load_kube_config(config_file=config.kubeconfig, context=config.context,
-                                        client_configuration=cfg, persist_config=False)
-    except (ConfigException, OSError) as exc:
+            kube.config.load_kube_config(config_file=config.kubeconfig, context=config.context,
+                                         client_configuration=cfg, persist_config=False)
+    except (kube.config.config_exception.ConfigException, OSError) as exc:
         raise SchedulerError(f"no Kubernetes configuration: {exc}. Set DLROVER_K8S_KUBECONFIG or KUBECONFIG, "
                              "or run inside a cluster") from exc
     cfg.retries = False  # every retry is ours (k8s_retrying), counted and bounded
@@ -187,6 +204,7 @@ class KubeApi:
         timeout_s: float = 15.0,
         api_client: k8s_client.ApiClient | None = None,
     ) -> None:
+        k8s_client = _kube().client
         self.client = api_client or k8s_client.ApiClient(load_client_configuration(config))
         self._apis = {"core": k8s_client.CoreV1Api(self.client), "rbac": k8s_client.RbacAuthorizationV1Api(self.client)}
         self._retrying = retrying
@@ -200,11 +218,13 @@ class KubeApi:
             for attempt in self._retrying():
                 with attempt:
                     return fn()
-        except ApiException as exc:
-            reason, message = _api_message(exc)
-            raise K8sApiError(action, int(exc.status or 0), reason, message) from exc
-        except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
-            raise K8sApiError(action, 0, "Unreachable", f"{type(exc).__name__}: {exc}") from exc
+        except Exception as exc:
+            if _is_api_exception(exc):
+                reason, message = _api_message(exc)  # type: ignore[arg-type]
+                raise K8sApiError(action, int(exc.status or 0), reason, message) from exc  # type: ignore[attr-defined]
+            if isinstance(exc, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)):
+                raise K8sApiError(action, 0, "Unreachable", f"{type(exc).__name__}: {exc}") from exc
+            raise
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _method(self, verb: str, kind: str) -> Callable[..., Any]:

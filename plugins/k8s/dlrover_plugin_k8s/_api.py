@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -69,8 +70,6 @@ def _kube() -> Any:
 def _is_api_exception(exc: BaseException | None) -> bool:
     """Whether ``exc`` is the client's ``ApiException`` (without importing the client for it:
     no ApiException can exist before the client is imported)."""
-    import sys
-
     return "kubernetes" in sys.modules and isinstance(exc, _kube().client.exceptions.ApiException)
 
 

@@ -1,0 +1,204 @@
+"""Replica frames (dlrover_core/checkpoint/replica.py): a rank's snapshot copied out of its
+slot, checked, and published into a slot on another node; a corrupted or torn frame is
+never published, a slot re-published during the copy yields no frame, and a receiver
+killed while it writes leaves no slot that reads as valid."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import pytest
+
+from dlrover_core.checkpoint.layout import build_layout, parse_header, tensor_views
+from dlrover_core.checkpoint.memory import MemorySnapshots
+from dlrover_core.checkpoint.replica import (
+    PREAMBLE_SIZE,
+    ReplicaError,
+    frame_header,
+    take_frame,
+    verify_frame,
+    write_frame,
+)
+from dlrover_core.checkpoint.shm import SnapshotSlot, remove_segments, segment_name
+
+
+@pytest.fixture
+def job_id():
+    job = f"replica-{uuid.uuid4().hex[:8]}"
+    yield job
+    remove_segments(f"dlrover-{job}-")
+
+
+def state_at(step: int, n: int):
+    """A state whose every value says which step it is from (a torn copy shows)."""
+    import torch
+
+    return {"w": torch.full((n,), float(step)), "b": torch.arange(7, dtype=torch.int64) + step, "step": step}
+
+
+def values_of(slot: SnapshotSlot) -> tuple[int, set[float]]:
+    """(step, the distinct values of its tensors less their step offsets) of a valid slot."""
+    h = slot.header()
+    assert h is not None and h.live
+    entries, _, _ = parse_header(memoryview(slot.mm)[h.layout_off: h.layout_off + h.layout_len], with_data=False)
+    views = tensor_views(slot.mm, h.data_off, entries)
+    w = views[next(k for k in views if k.endswith("w"))]
+    b = views[next(k for k in views if k.endswith("b"))]
+    return h.step, set(w.tolist()) | set((b - __import__("torch").arange(7)).tolist())
+
+
+def test_a_frame_round_trips_into_another_nodes_slot(job_id):
+    """rank 3's snapshot, taken from node 0's slot and written into a slot named for node 1,
+    is found and read by node 1's MemorySnapshots as rank 3's own, equal value for value."""
+    ours = MemorySnapshots(job_id=job_id, node_id=0, rank=3, round_index=2)
+    ours.save(build_layout(state_at(5, 1000), step=5, rank=3, world_size=4), step=5, world_size=4, persist=True)
+    slot = next(s for s in ours.slots if (h := s.header()) is not None and h.live)
+    frame = take_frame(slot, rank=3)
+    assert frame is not None
+    h = verify_frame(frame)
+    assert (h.rank, h.step, h.world_size, h.round) == (3, 5, 4, 2)
+    assert take_frame(slot, rank=3, newer_than=5) is None  # nothing newer than what the buddy holds
+    assert take_frame(slot, rank=2) is None
+
+    theirs_slot = SnapshotSlot.open(segment_name(job_id, 1, 3, 0), create=True)
+    write_frame(theirs_slot, frame)
+    theirs = MemorySnapshots(job_id=job_id, node_id=1, rank=3)
+    assert theirs.held(4) == [(5, 2)]  # same step, same lineage (round)
+    assert not theirs.slots[0].header().persist_requested  # the owner persists, not the buddy
+    with theirs.read(5, 4, round_index=2) as (tensors, _):
+        assert tensors["w"].eq(5.0).all() and tensors["w"].numel() == 1000
+        assert tensors["b"].tolist() == list(range(5, 12))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_damaged_frame_is_refused_and_the_slot_keeps_what_it_held(job_id, seed):
+    """A flipped byte anywhere (preamble, layout, data) or a truncation: ReplicaError naming
+    what did not match; the destination slot still holds its previous replica."""
+    rng = random.Random(seed)
+    src = MemorySnapshots(job_id=job_id, node_id=0, rank=0)
+    dst = SnapshotSlot.open(segment_name(job_id, 1, 0, 0), create=True)
+    for step in (1, 2):
+        src.save(build_layout(state_at(step, 5000), step=step, rank=0, world_size=2), step=step, world_size=2,
+                 persist=False)
+        frame = max((f for s in src.slots if (f := take_frame(s, rank=0)) is not None),
+                    key=lambda f: frame_header(f).step)
+        if step == 1:
+            write_frame(dst, frame)
+    damaged = bytearray(frame)
+    if rng.random() < 0.2:
+        damaged = damaged[: rng.randrange(len(damaged))]
+    else:
+        at = rng.randrange(PREAMBLE_SIZE, len(damaged)) if rng.random() < 0.9 else rng.randrange(8)
+        damaged[at] ^= 1 << rng.randrange(8)
+    with pytest.raises(ReplicaError, match="CRC32|bytes|magic|preamble"):
+        write_frame(dst, damaged)
+    assert values_of(dst) == (1, {1.0})
+
+
+WRITER = textwrap.dedent("""
+    import random, sys, time
+    sys.path.insert(0, sys.argv[1])
+    from test_replica import state_at
+    from dlrover_core.checkpoint.layout import build_layout
+    from dlrover_core.checkpoint.memory import MemorySnapshots
+    job, seed, start = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    rng = random.Random(seed)
+    mem = MemorySnapshots(job_id=job, node_id=0, rank=0)
+    step = start
+    while True:
+        n = rng.choice([100, 4000, 70000])  # sizes change: slots grow and are remapped
+        mem.save(build_layout(state_at(step, n), step=step, rank=0, world_size=1), step=step, world_size=1,
+                 persist=False)
+        print(step, flush=True)
+        step += 1
+        time.sleep(rng.random() * 0.003)
+""")
+
+RECEIVER = textwrap.dedent("""
+    import sys
+    from dlrover_core.checkpoint.replica import write_frame
+    from dlrover_core.checkpoint.shm import SnapshotSlot
+    slot = SnapshotSlot.open(sys.argv[1], create=True)
+    frame = sys.stdin.buffer.read()
+    print("writing", flush=True)
+    while True:
+        write_frame(slot, frame)
+""")
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_frames_taken_while_a_writer_saves_and_dies_are_whole_seeded(job_id, tmp_path, seed):
+    """A writer process saves a snapshot of every step into the two slots as fast as it can,
+    with sizes changing, and is SIGKILLed and restarted at random moments; frames are taken
+    meanwhile at random moments. Every frame taken verifies, and its data is all of its own
+    step (none torn by a concurrent save); receivers SIGKILLed while they write a frame
+    into a slot leave it invalid or whole, never torn."""
+    rng = random.Random(seed)
+    here = os.path.dirname(__file__)
+    (tmp_path / "writer.py").write_text(WRITER)
+    (tmp_path / "receiver.py").write_text(RECEIVER)
+
+    def start_writer(step: int) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, str(tmp_path / "writer.py"), here, job_id, str(rng.randrange(10**6)),
+                                 str(step)], stdout=subprocess.PIPE, text=True)
+
+    slots = [SnapshotSlot.open(segment_name(job_id, 0, 0, s), create=True) for s in range(2)]
+    writer = start_writer(0)
+    taken = torn_free = kills = 0
+    frames = []
+    try:
+        writer.stdout.readline()  # its first snapshot is published
+        deadline = time.monotonic() + 3
+        next_kill = time.monotonic() + rng.uniform(0.2, 0.8)
+        while time.monotonic() < deadline:
+            if time.monotonic() > next_kill:
+                kills += 1
+                writer.send_signal(signal.SIGKILL)
+                writer.wait()
+                newest = max((h.step for s in slots if (h := s.header()) is not None and h.live), default=-1)
+                writer = start_writer(newest + 1)
+                writer.stdout.readline()
+                next_kill = time.monotonic() + rng.uniform(0.2, 0.8)
+            time.sleep(rng.random() * 0.01)
+            for slot in rng.sample(slots, 2):
+                frame = take_frame(slot, rank=0)
+                if frame is None:
+                    continue
+                h = verify_frame(frame)
+                taken += 1
+                dst = SnapshotSlot.open(segment_name(job_id, 9, 0, taken % 2), create=True)
+                write_frame(dst, frame)
+                step, values = values_of(dst)
+                assert step == h.step and values == {float(step)}, (step, values)
+                torn_free += 1
+                if len(frames) < 4:
+                    frames.append(bytes(frame))
+    finally:
+        writer.kill()
+        writer.wait()
+    assert taken >= 20 and torn_free == taken and kills >= 2, (taken, kills)
+
+    # receivers killed mid-write: the slot is invalid or holds one whole frame
+    name = segment_name(job_id, 8, 0, 0)
+    for frame in frames:
+        receiver = subprocess.Popen([sys.executable, str(tmp_path / "receiver.py"), name], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE)
+        receiver.stdin.write(frame)
+        receiver.stdin.close()
+        receiver.stdout.readline()
+        time.sleep(rng.random() * 0.05)
+        receiver.send_signal(signal.SIGKILL)
+        receiver.wait()
+        slot = SnapshotSlot.open(name, create=False)
+        h = slot.header()
+        if h is not None and h.live:
+            step, values = values_of(slot)
+            assert values == {float(step)} and step in {frame_header(f).step for f in frames}
+        slot.close()

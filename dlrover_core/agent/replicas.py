@@ -1,0 +1,314 @@
+"""Replicas of a node's snapshots in a buddy node's memory (issue 28): what the agents do.
+
+Each agent serves its node's snapshots as replica frames (:mod:`dlrover_core.checkpoint.replica`)
+over HTTP, and the replicas it holds for other nodes::
+
+    GET /v1/snapshot/<rank>?newer_than=<step>          this node's newest snapshot of <rank>
+    GET /v1/replica/<node>/<rank>?newer_than=<step>    the newest replica held of <node>'s <rank>
+
+answered 200 with the frame (``application/octet-stream``), or 204 when there is nothing
+newer than ``newer_than``. A buddy agent pulls the frames of its source node's ranks in the
+background (:class:`ReplicaPuller`), at most ``max_bytes_per_s`` and at the lowest CPU
+priority, and keeps them in two slots per rank (:class:`ReplicaStore`): a frame is written
+into the slot that does not hold the newest whole replica, so a pull cut off half-way, or a
+damaged frame (refused by its CRC32s), never costs the replica already held. When the
+source node is lost, its replacement fetches each rank's newest replica into its own slot
+(:func:`fetch_replica`) and restores from memory, not from storage.
+
+Replica segments are named ``dlrover-<job>-n<holder>-a<agent>-x<node>-r<rank>-s<slot>``:
+under the holder agent's prefix (:func:`~dlrover_core.checkpoint.shm.node_prefix`), so they
+go with its other segments when it exits or is replaced.
+
+Not yet wired: which node is whose buddy (the master's placement at rendezvous, on another
+host), the holdings in heartbeats, and the fetch before a relaunched node's workers start.
+"""
+
+from __future__ import annotations
+
+import http.server
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+
+from dlrover_core.checkpoint.replica import FrameHeader, ReplicaError, frame_header, take_frame, write_frame
+from dlrover_core.checkpoint.shm import SlotHeader, SnapshotSlot, node_prefix, segment_name
+from dlrover_core.logging import get_logger
+
+__all__ = ["ReplicaPuller", "ReplicaServer", "ReplicaStore", "fetch_replica", "replica_segment_name"]
+
+log = get_logger()
+
+#: bytes read from the network between two looks at the bandwidth budget
+_CHUNK = 1 << 20
+#: nice value of the puller's thread: the lowest (``nice -n 19``): training comes first
+_PULL_NICE = 19
+_SLOTS = 2
+
+
+def replica_segment_name(job_id: str, holder: int, agent: int, node_id: int, rank: int, slot: int) -> str:
+    """``dlrover-<job>-n<holder>-a<agent>-x<node>-r<rank>-s<slot>``: slot ``slot`` of the
+    replica of ``node_id``'s ``rank`` held by node ``holder`` (its agent's token ``agent``)."""
+    return f"{node_prefix(job_id, holder, agent)}x{node_id}-r{rank}-s{slot}"
+
+
+def _newest(slots: list[SnapshotSlot], rank: int) -> tuple[SnapshotSlot, SlotHeader] | None:
+    best = None
+    for slot in slots:
+        h = slot.header()
+        if h is not None and h.live and h.rank == rank and (best is None or (h.step, h.seq) > (best[1].step, best[1].seq)):
+            best = (slot, h)
+    return best
+
+
+def _frame_of(slots: list[SnapshotSlot], rank: int, newer_than: int) -> bytearray | None:
+    """A frame of the newest snapshot of ``rank`` in ``slots`` newer than ``newer_than``
+    (the other slot when the newest one is being written or re-published)."""
+    ranked = sorted(((h.step, h.seq, i) for i, s in enumerate(slots)
+                     if (h := s.header()) is not None and h.live and h.rank == rank and h.step > newer_than),
+                    reverse=True)
+    for _, _, i in ranked:
+        frame = take_frame(slots[i], rank=rank, newer_than=newer_than)
+        if frame is not None:
+            return frame
+    return None
+
+
+class ReplicaStore:
+    """The replicas one node's agent holds of other nodes' ranks, two slots per rank.
+
+    Args:
+        job_id, node_id, agent: the holder (names its segments).
+    """
+
+    def __init__(self, *, job_id: str, node_id: int, agent: int) -> None:
+        self.job_id, self.node_id, self.agent = job_id, node_id, agent
+        self._slots: dict[tuple[int, int], list[SnapshotSlot]] = {}
+        self._lock = threading.Lock()
+
+    def slots(self, node_id: int, rank: int) -> list[SnapshotSlot]:
+        with self._lock:
+            key = (node_id, rank)
+            if key not in self._slots:
+                self._slots[key] = [s for i in range(_SLOTS) if (s := SnapshotSlot.open(
+                    replica_segment_name(self.job_id, self.node_id, self.agent, node_id, rank, i), create=True))]
+            return self._slots[key]
+
+    def newest(self, node_id: int, rank: int) -> SlotHeader | None:
+        """The header of the newest whole replica of ``node_id``'s ``rank``; ``None``: none."""
+        found = _newest(self.slots(node_id, rank), rank)
+        return None if found is None else found[1]
+
+    def put(self, node_id: int, frame: bytes | bytearray | memoryview) -> FrameHeader:
+        """Verify ``frame`` and write it into the slot that does not hold the newest replica.
+
+        Raises:
+            ReplicaError: the frame is damaged (nothing written).
+        """
+        h = frame_header(frame)  # which rank (write_frame checks the whole frame)
+        slots = self.slots(node_id, h.rank)
+        newest = _newest(slots, h.rank)
+        target = next(s for s in slots if newest is None or s is not newest[0])
+        return write_frame(target, frame)
+
+    def frame(self, node_id: int, rank: int, newer_than: int = -1) -> bytearray | None:
+        return _frame_of(self.slots(node_id, rank), rank, newer_than)
+
+    def held(self) -> list[tuple[int, int, int, int]]:
+        """``(node, rank, step, round)`` of the newest whole replica of each rank held."""
+        with self._lock:
+            keys = sorted(self._slots)
+        out = []
+        for node_id, rank in keys:
+            h = self.newest(node_id, rank)
+            if h is not None:
+                out.append((node_id, rank, h.step, h.round))
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            for slots in self._slots.values():
+                for slot in slots:
+                    slot.close()
+            self._slots.clear()
+
+
+class ReplicaServer:
+    """Serves this node's snapshots and the replicas it holds (routes in the module doc).
+
+    Args:
+        job_id, node_id, agent: this node (names the segments it reads).
+        store: the replicas this node holds for others.
+        host: the address to listen on (the one the other hosts reach this host at).
+        port: ``0``: a free port (:attr:`address` says which).
+    """
+
+    def __init__(self, *, job_id: str, node_id: int, agent: int, store: ReplicaStore, host: str = "127.0.0.1",
+                 port: int = 0) -> None:
+        self.job_id, self.node_id, self.agent, self.store = job_id, node_id, agent, store
+        self._own: dict[int, list[SnapshotSlot]] = {}
+        self._own_lock = threading.Lock()
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                server._answer(self)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's name)
+                pass
+
+        self._httpd = http.server.ThreadingHTTPServer((host, port), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="dlrover-replica-server", daemon=True)
+        self._thread.start()
+
+    @property
+    def address(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"{host}:{port}"
+
+    def _own_slots(self, rank: int) -> list[SnapshotSlot]:
+        with self._own_lock:
+            if rank not in self._own:
+                self._own[rank] = [s for i in range(_SLOTS) if (s := SnapshotSlot.open(
+                    segment_name(self.job_id, self.node_id, rank, i, self.agent), create=False))]
+            return self._own[rank]
+
+    def _answer(self, request: http.server.BaseHTTPRequestHandler) -> None:
+        url = urlsplit(request.path)
+        newer_than = int((parse_qs(url.query).get("newer_than") or ["-1"])[0])
+        frame = None
+        if m := re.fullmatch(r"/v1/snapshot/(\d+)", url.path):
+            rank = int(m[1])
+            slots = self._own_slots(rank)
+            if not slots:
+                with self._own_lock:
+                    self._own.pop(rank, None)  # not created yet: look again next time
+            frame = _frame_of(slots, rank, newer_than)
+        elif m := re.fullmatch(r"/v1/replica/(\d+)/(\d+)", url.path):
+            frame = self.store.frame(int(m[1]), int(m[2]), newer_than)
+        else:
+            request.send_error(404, f"no route {url.path}")
+            return
+        if frame is None:
+            request.send_response(204)
+            request.send_header("Content-Length", "0")
+            request.end_headers()
+            return
+        request.send_response(200)
+        request.send_header("Content-Type", "application/octet-stream")
+        request.send_header("Content-Length", str(len(frame)))
+        request.end_headers()
+        request.wfile.write(frame)
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        with self._own_lock:
+            for slots in self._own.values():
+                for slot in slots:
+                    slot.close()
+            self._own.clear()
+
+
+def _get_frame(client: httpx.Client, url: str, *, max_bytes_per_s: float | None,
+               sleep: Callable[[float], None] = time.sleep) -> bytearray | None:
+    """GET a frame, reading at most ``max_bytes_per_s``; ``None`` on 204."""
+    t0 = time.monotonic()
+    with client.stream("GET", url) as response:
+        if response.status_code == 204:
+            return None
+        response.raise_for_status()
+        frame = bytearray()
+        for chunk in response.iter_bytes(_CHUNK):
+            frame += chunk
+            if max_bytes_per_s:
+                ahead_s = len(frame) / max_bytes_per_s - (time.monotonic() - t0)
+                if ahead_s > 0:
+                    sleep(ahead_s)
+    return frame
+
+
+def fetch_replica(address: str, node_id: int, rank: int, *, into: SnapshotSlot, timeout_s: float = 60.0,
+                  newer_than: int = -1) -> FrameHeader | None:
+    """Fetch the newest replica of ``node_id``'s ``rank`` from the agent at ``address`` and
+    publish it into ``into`` (a slot of the replacement's own rank); ``None``: it holds none.
+
+    Raises:
+        ReplicaError: the frame arrived damaged (``into`` untouched).
+        httpx.HTTPError: the holder cannot be reached.
+    """
+    with httpx.Client(base_url=f"http://{address}", timeout=timeout_s) as client:
+        frame = _get_frame(client, f"/v1/replica/{node_id}/{rank}?newer_than={newer_than}", max_bytes_per_s=None)
+    return None if frame is None else write_frame(into, frame)
+
+
+class ReplicaPuller:
+    """Pulls the snapshots of a source node's ranks into a :class:`ReplicaStore`, in a
+    background thread at the lowest CPU priority, every ``interval_s``, at most
+    ``max_bytes_per_s`` (``None``: unbounded).
+
+    A frame that fails its checks is logged and dropped; the replica held stays.
+    """
+
+    def __init__(self, store: ReplicaStore, *, source_node: int, source_address: str, ranks: list[int],
+                 interval_s: float = 1.0, max_bytes_per_s: float | None = None, timeout_s: float = 60.0) -> None:
+        self.store, self.source_node, self.ranks = store, source_node, list(ranks)
+        self.interval_s, self.max_bytes_per_s = interval_s, max_bytes_per_s
+        self._client = httpx.Client(base_url=f"http://{source_address}", timeout=timeout_s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dlrover-replica-puller", daemon=True)
+        self.pulled = 0  # frames stored
+        self.refused = 0  # frames dropped (damaged)
+
+    def start(self) -> ReplicaPuller:
+        self._thread.start()
+        return self
+
+    def pull_once(self) -> int:
+        """One pass over the ranks; returns how many new frames were stored."""
+        stored = 0
+        for rank in self.ranks:
+            if self._stop.is_set():
+                break
+            held = self.store.newest(self.source_node, rank)
+            try:
+                frame = _get_frame(self._client, f"/v1/snapshot/{rank}?newer_than={-1 if held is None else held.step}",
+                                   max_bytes_per_s=self.max_bytes_per_s, sleep=self._stop.wait)
+            except httpx.HTTPError as exc:
+                log.debug("replica_pull_failed", node_id=self.source_node, rank=rank, error=str(exc))
+                continue
+            if frame is None:
+                continue
+            try:
+                h = self.store.put(self.source_node, frame)
+            except ReplicaError as exc:
+                self.refused += 1
+                log.warning("replica_refused", node_id=self.source_node, rank=rank, reason=str(exc))
+                continue
+            self.pulled += 1
+            stored += 1
+            log.debug("replica_pulled", node_id=self.source_node, rank=rank, step=h.step, mb=round(h.data_len / 2**20, 1))
+        return stored
+
+    def _run(self) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _PULL_NICE)
+        except OSError:  # not permitted here: at the agent's priority then
+            pass
+        while not self._stop.is_set():
+            self.pull_once()
+            self._stop.wait(self.interval_s)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+        self._client.close()

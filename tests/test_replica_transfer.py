@@ -1,0 +1,173 @@
+"""Replicas moved between agents (dlrover_core/agent/replicas.py) over real HTTP and real
+shared memory: a buddy pulls a node's snapshots, keeps the newest whole one through damaged
+and cut-off transfers, and serves it to the lost node's replacement, whose worker then
+holds its rank's snapshot in its own slot."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+import uuid
+
+import pytest
+
+from dlrover_core.agent.replicas import ReplicaPuller, ReplicaServer, ReplicaStore, fetch_replica
+from dlrover_core.checkpoint.layout import build_layout
+from dlrover_core.checkpoint.memory import MemorySnapshots
+from dlrover_core.checkpoint.replica import take_frame
+from dlrover_core.checkpoint.shm import SHM_DIR, SnapshotSlot, node_prefix, remove_segments, segment_name
+
+
+def state_at(step: int, n: int = 1000):
+    import torch
+
+    return {"w": torch.full((n,), float(step)), "step": step}
+
+
+@pytest.fixture
+def job_id():
+    job = f"repl-{uuid.uuid4().hex[:8]}"
+    yield job
+    remove_segments(f"dlrover-{job}-")
+
+
+def save(mem: MemorySnapshots, step: int, world_size: int = 2, n: int = 1000) -> None:
+    assert mem.save(build_layout(state_at(step, n), step=step, rank=mem.rank, world_size=world_size), step=step,
+                    world_size=world_size, persist=False)
+
+
+def test_a_buddy_pulls_each_rank_and_serves_a_lost_nodes_replacement(job_id):
+    """Node 1 pulls node 0's ranks 0 and 1 (always the newest step); node 0 dies with its
+    memory; its replacement (node 0 again, a new agent) fetches both ranks from node 1 into
+    its own slots and reads them as its own snapshots, of the same step and lineage."""
+    ranks = [MemorySnapshots(job_id=job_id, node_id=0, rank=r, agent=1, round_index=3) for r in (0, 1)]
+    for mem in ranks:
+        save(mem, 1)
+    store0 = ReplicaStore(job_id=job_id, node_id=0, agent=1)
+    server0 = ReplicaServer(job_id=job_id, node_id=0, agent=1, store=store0)
+    store1 = ReplicaStore(job_id=job_id, node_id=1, agent=2)
+    server1 = ReplicaServer(job_id=job_id, node_id=1, agent=2, store=store1)
+    puller = ReplicaPuller(store1, source_node=0, source_address=server0.address, ranks=[0, 1])
+    try:
+        assert puller.pull_once() == 2
+        assert store1.held() == [(0, 0, 1, 3), (0, 1, 1, 3)]
+        assert puller.pull_once() == 0  # nothing newer
+        for step in (2, 3):
+            for mem in ranks:
+                save(mem, step)
+        assert puller.pull_once() == 2
+        assert store1.held() == [(0, 0, 3, 3), (0, 1, 3, 3)]
+
+        # node 0 dies with its memory
+        server0.close()
+        for mem in ranks:
+            for slot in mem.slots:
+                slot.close()
+        remove_segments(node_prefix(job_id, 0))
+        assert not [n for n in SHM_DIR.iterdir() if n.name.startswith(node_prefix(job_id, 0))]
+        assert puller.pull_once() == 0  # the source is gone: the replicas stay
+        assert store1.held() == [(0, 0, 3, 3), (0, 1, 3, 3)]
+
+        # its replacement (agent token 4) fetches each rank into its own slot 0
+        for rank in (0, 1):
+            into = SnapshotSlot.open(segment_name(job_id, 0, rank, 0, 4), create=True)
+            h = fetch_replica(server1.address, 0, rank, into=into)
+            assert (h.rank, h.step, h.round) == (rank, 3, 3)
+            into.close()
+            mem = MemorySnapshots(job_id=job_id, node_id=0, rank=rank, agent=4, round_index=4)
+            assert mem.held(2) == [(3, 3)]
+            with mem.read(3, 2, round_index=3) as (tensors, _):
+                assert tensors["w"].eq(3.0).all()
+        assert fetch_replica(server1.address, 5, 0, into=SnapshotSlot.open(
+            segment_name(job_id, 0, 0, 1, 4), create=True)) is None  # no replica of node 5
+    finally:
+        puller.stop()
+        server1.close()
+        store1.close()
+        store0.close()
+
+
+class _BadSource:
+    """A source agent that answers with a damaged frame (a flipped data byte) or a cut-off
+    one (the connection closed half-way), as a faulty link or a dying host would."""
+
+    def __init__(self, frame: bytes, how: str) -> None:
+        self.frame, self.how = frame, how
+        source = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:  # noqa: N802
+                data = bytearray(source.frame)
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if source.how == "flipped":
+                    data[-10] ^= 0x40
+                    self.wfile.write(data)
+                else:
+                    self.wfile.write(data[: len(data) // 2])
+                    self.close_connection = True
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    @property
+    def address(self) -> str:
+        return "%s:%d" % self.httpd.server_address[:2]
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.parametrize("how", ["flipped", "cut_off"])
+def test_a_damaged_or_cut_off_pull_keeps_the_replica_held(job_id, how):
+    mem = MemorySnapshots(job_id=job_id, node_id=0, rank=0, agent=1)
+    store = ReplicaStore(job_id=job_id, node_id=1, agent=2)
+    save(mem, 4, world_size=1)
+    store.put(0, take_frame(next(s for s in mem.slots if s.header() is not None), rank=0))
+    save(mem, 5, world_size=1)
+    newer = next(f for s in mem.slots if (f := take_frame(s, rank=0, newer_than=4)) is not None)
+    source = _BadSource(bytes(newer), how)
+    puller = ReplicaPuller(store, source_node=0, source_address=source.address, ranks=[0], timeout_s=5)
+    try:
+        assert puller.pull_once() == 0
+        assert puller.refused == (1 if how == "flipped" else 0)
+        assert store.held() == [(0, 0, 4, 0)]
+    finally:
+        puller.stop()
+        source.close()
+        store.close()
+
+
+def test_pulls_keep_to_the_bandwidth_budget_and_run_in_the_background(job_id):
+    """A 4 MiB snapshot pulled at 8 MiB/s takes at least half a second; the background
+    puller then follows every new step without being asked."""
+    mem = MemorySnapshots(job_id=job_id, node_id=0, rank=0, agent=1)
+    save(mem, 1, world_size=1, n=2**20)  # 4 MiB of float32
+    server = ReplicaServer(job_id=job_id, node_id=0, agent=1, store=ReplicaStore(job_id=job_id, node_id=0, agent=1))
+    store = ReplicaStore(job_id=job_id, node_id=1, agent=2)
+    puller = ReplicaPuller(store, source_node=0, source_address=server.address, ranks=[0], interval_s=0.05,
+                           max_bytes_per_s=8 * 2**20)
+    try:
+        t0 = time.monotonic()
+        assert puller.pull_once() == 1
+        assert time.monotonic() - t0 >= 0.45
+        puller.max_bytes_per_s = None
+        puller.start()
+        for step in (2, 3):
+            save(mem, step, world_size=1, n=2**20)
+            deadline = time.monotonic() + 20
+            while store.held() != [(0, 0, step, 0)]:
+                assert time.monotonic() < deadline, store.held()
+                time.sleep(0.02)
+    finally:
+        puller.stop()
+        server.close()
+        store.close()

@@ -183,6 +183,12 @@ class Checkpoint:
             seconds (a hung mount, a stuck upload) ends the job FAILED, naming the storage
             and the step; it also bounds the final flush and how long a save waits for a
             slot while the storage falls behind.
+        replicas: copies of every memory snapshot kept in the shared memory of another node
+            (its *buddy*, on another host where there is one), so a lost node's ranks restore
+            from memory, not from storage: ``0`` or ``1``; ``None`` (the default): ``1`` when
+            the job can have more than one node, else ``0`` (:meth:`replicas_for`). The
+            agents copy them in the background, at the lowest CPU priority (issue 28;
+            ``dlrover_core.agent.replicas``).
     """
 
     dir: str = "checkpoints"
@@ -191,14 +197,23 @@ class Checkpoint:
     persist_every_steps: int = 50
     keep_last: int = 3
     persist_timeout_s: float = 600.0
+    replicas: int | None = None
 
     def __attrs_post_init__(self) -> None:
+        if self.replicas is not None and (isinstance(self.replicas, bool) or self.replicas not in (0, 1)):
+            raise JobSpecError("checkpoint.replicas", self.replicas, "0, 1 or None (1 where there is more than one node)")
         if not isinstance(self.dir, str) or not self.dir:
             raise JobSpecError("checkpoint.dir", self.dir, "a non-empty path or URL")
         _int_at_least("checkpoint.memory_every_steps", self.memory_every_steps, 0)
         _int_at_least("checkpoint.persist_every_steps", self.persist_every_steps, 0)
         _int_at_least("checkpoint.keep_last", self.keep_last, 1)
         _positive_number("checkpoint.persist_timeout_s", self.persist_timeout_s)
+
+    def replicas_for(self, max_nodes: int) -> int:
+        """The replicas in effect for a job of at most ``max_nodes`` nodes."""
+        if self.replicas is None:
+            return 1 if max_nodes > 1 else 0
+        return self.replicas if max_nodes > 1 else 0
 
 
 @attrs.frozen(kw_only=True)

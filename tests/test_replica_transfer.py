@@ -171,3 +171,54 @@ def test_pulls_keep_to_the_bandwidth_budget_and_run_in_the_background(job_id):
         puller.stop()
         server.close()
         store.close()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_lost_node_restores_from_its_buddys_memory_not_from_storage(tmp_path):
+    """A 2-node job (restart-all: the script does not loop with train.steps()); node 1 dies
+    as a machine does: its agent and worker SIGKILLed, its /dev/shm segments removed. The
+    relaunched node fetches its rank's replicas from node 0 before its worker starts, and
+    every rank restores from memory (no storage read) at a step newer than the last commit;
+    the job ends with the parameters of a run without the failure, bit for bit."""
+    import json
+    import os
+    import signal
+    from pathlib import Path
+
+    import psutil
+    from helpers import SCRIPTS, job_processes, shm_entries, wait_for
+
+    from dlrover_core import Checkpoint, Failure, Job, JobState
+
+    def job(name: str, out: Path) -> Job:
+        return Job(name=name, entrypoint=str(SCRIPTS / "tiny_train.py"),
+                   args=["--steps", "40", "--step-sleep", "0.15", "--out", str(out)], nodes=2, accelerator="cpu",
+                   checkpoint=Checkpoint(dir=str(tmp_path / name / "ck"), persist_every_steps=10),
+                   failure=Failure(max_restarts=2, stop_grace_s=2, heartbeat_timeout_s=3.0),
+                   log_dir=str(tmp_path / "runs"))
+
+    shm_before = shm_entries()
+    run = job("lost", tmp_path / "lost.sha256").submit()
+    wait_for(lambda: run.status().step >= 14, 90, "step 14")
+    agent = psutil.Process(json.loads((Path(run.handle.log_dir) / "handle.json").read_text())["agents"]["node-1"])
+    victims = [agent, *agent.children(recursive=True)]
+    for p in victims:
+        os.kill(p.pid, signal.SIGKILL)
+    psutil.wait_procs(victims, timeout=10)
+    remove_segments(node_prefix(run.job_id, 1))  # the machine's memory is gone with it
+    result = run.wait(progress=False, timeout_s=180)
+    assert result.state == JobState.SUCCEEDED, result.reason
+    (failure,) = result.failures  # (the survivor's broken collective or the lost node: whichever came first)
+    assert failure.recovery == "restart_all" and failure.restored_from == "memory", failure
+    assert failure.restored_step > 10, failure  # newer than the last commit (10)
+    events = [json.loads(line) for line in (Path(result.log_dir) / "events.jsonl").read_text().splitlines()]
+    restores = [e for e in events if e["kind"] == "restore_decided" and e["round"] >= 1]
+    assert [e["source"] for e in restores] == ["memory"], restores
+    assert "replicas_fetched" in (Path(result.log_dir) / "node_1.log").read_text()
+
+    clean = job("clean", tmp_path / "clean.sha256").run(progress=False)
+    assert clean.state == JobState.SUCCEEDED
+    assert (tmp_path / "lost.sha256").read_text() == (tmp_path / "clean.sha256").read_text()
+    assert job_processes(result.job_id) == []
+    assert {e for e in shm_entries() - shm_before if result.job_id in e} == set()

@@ -40,6 +40,8 @@ def make(script, **kw):
         (lambda: Checkpoint(memory_every_steps=-1), "checkpoint.memory_every_steps", ">= 0"),
         (lambda: Checkpoint(keep_last=0), "checkpoint.keep_last", ">= 1"),
         (lambda: Checkpoint(dir=""), "checkpoint.dir", "non-empty"),
+        (lambda: Checkpoint(replicas=2), "checkpoint.replicas", "0, 1 or None"),
+        (lambda: Checkpoint(replicas=True), "checkpoint.replicas", "0, 1 or None"),
         (lambda: Failure(max_restarts=-1), "failure.max_restarts", ">= 0"),
         (lambda: Failure(hang_timeout_s=0), "failure.hang_timeout_s", "> 0"),
         (lambda: Failure(node_check="yes"), "failure.node_check", "True or False"),
@@ -209,3 +211,8 @@ def test_a_timeout_below_the_automatic_interval_is_refused_naming_the_field(scri
     assert "automatic for nodes.max=100000" in str(err.value)
     with pytest.raises(JobSpecError, match="failure.heartbeat_interval_s"):
         Failure(heartbeat_interval_s=0)
+
+
+def test_replicas_default_to_one_where_there_is_more_than_one_node():
+    assert [Checkpoint().replicas_for(n) for n in (1, 2, 64)] == [0, 1, 1]
+    assert Checkpoint(replicas=0).replicas_for(8) == 0 and Checkpoint(replicas=1).replicas_for(1) == 0

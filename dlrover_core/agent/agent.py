@@ -52,6 +52,7 @@ from dlrover_core import rundir
 from dlrover_core.agent.hang import PEER_DUMP_GRACE_S, HangWatcher
 from dlrover_core.agent.launch import worker_argv, worker_env
 from dlrover_core.agent.progress import ProgressTail, exception_from_error_file, exception_from_output
+from dlrover_core.agent.replicas import NodeReplicas
 from dlrover_core.agent.workers import Standby, WorkerProcess, kill_trees
 from dlrover_core.checkpoint.saver import CheckpointSaver
 from dlrover_core.checkpoint.shm import node_prefix, remove_segments
@@ -176,6 +177,7 @@ class ElasticAgent:
         self._fenced = threading.Event()
         self._master_lost = threading.Event()  # no heartbeat reached the master for its timeout
         self._standbys: list[Standby] = []
+        self.replicas: NodeReplicas | None = None  # snapshot replicas (Checkpoint.replicas)
         self._breakpoint_due: float | None = None  # monotonic deadline of a pending breakpoint save
         self._storage = storage
         self.saver: CheckpointSaver | None = None
@@ -242,8 +244,14 @@ class ElasticAgent:
     def run(self) -> int:
         """Run until the master says stop; return the process exit code."""
         self.node_dir.mkdir(parents=True, exist_ok=True)
-        answer = self.client.register(Register(node_id=self.node_id, host=socket.gethostname(), pid=os.getpid()))
+        ckpt = self.job.checkpoint
+        if self._storage is not None and ckpt.memory_every_steps and ckpt.replicas_for(self.job.nodes.max):
+            self.replicas = NodeReplicas(job_id=self.job_id, node_id=self.node_id, master_addr=self.client.addr)
+        answer = self.client.register(Register(node_id=self.node_id, host=socket.gethostname(), pid=os.getpid(),
+                                               replica_addr=self.replicas.address if self.replicas else ""))
         self.token = answer.token
+        if self.replicas is not None:
+            self.replicas.set_token(self.token)
         # segments of this node's earlier agents (a crashed or replaced one) are stale
         stale = remove_segments(node_prefix(self.job_id, self.node_id))
         if stale:
@@ -298,6 +306,8 @@ class ElasticAgent:
             result = self.saver.stop(timeout_s=bound)
             if not result.ok and not self._fenced.is_set() and bound:
                 log.error("checkpoint_not_durable_at_exit", node_id=self.node_id, reason=result.reason)
+        if self.replicas is not None:
+            self.replicas.close()
         removed = remove_segments(self._shm_prefix)
         log.debug("segments_removed", node_id=self.node_id, count=len(removed))
         self._hb_stop.set()
@@ -372,7 +382,8 @@ class ElasticAgent:
             workers = {w.rank: w.pid for w in self.workers if w.poll() is None} if round_index is not None else {}
         beat = Heartbeat(node_id=self.node_id, round=-1 if round_index is None else round_index, workers=workers,
                          steps=steps, records=tuple(records), saves={k: tuple(v) for k, v in saves.items()},
-                         pid=os.getpid(), token=self._token)
+                         pid=os.getpid(), token=self._token,
+                         replicas=self.replicas.held() if self.replicas is not None else ())
         try:
             answer = self._heed((client or self.client).heartbeat(beat))
         except MasterUnavailableError:
@@ -582,6 +593,11 @@ class ElasticAgent:
         """Run one round's workers; return ``restart`` or ``stop``."""
         round_index = world.round
         self._world = world
+        if self.replicas is not None:
+            fetched = self.replicas.fetch_missing(world.replica_holders)
+            if fetched:
+                log.info("replicas_fetched", node_id=self.node_id, round=round_index, replicas=fetched)
+            self.replicas.follow(world.replica_source, world.replica_source_addr, world.replica_source_ranks)
         self._start_workers(world)  # (the heartbeat thread does not look at workers between rounds)
         with self._state_lock:
             self._round, self._ordered = round_index, None

@@ -19,8 +19,11 @@ Replica segments are named ``dlrover-<job>-n<holder>-a<agent>-x<node>-r<rank>-s<
 under the holder agent's prefix (:func:`~dlrover_core.checkpoint.shm.node_prefix`), so they
 go with its other segments when it exits or is replaced.
 
-Not yet wired: which node is whose buddy (the master's placement at rendezvous, on another
-host), the holdings in heartbeats, and the fetch before a relaunched node's workers start.
+The agent holds one :class:`NodeReplicas`: it serves, pulls from the source the master
+names in each round (``RoundAssignment.replica_source``, placed on another host:
+:mod:`dlrover_core.master.replicas`), reports what it holds in every heartbeat, and, for a
+node whose memory is gone, fetches its ranks' two newest replicas before the workers start
+(``RoundAssignment.replica_holders``), so the restore finds a step every rank holds.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from dlrover_core.checkpoint.replica import FrameHeader, ReplicaError, frame_hea
 from dlrover_core.checkpoint.shm import SlotHeader, SnapshotSlot, node_prefix, segment_name
 from dlrover_core.logging import get_logger
 
-__all__ = ["ReplicaPuller", "ReplicaServer", "ReplicaStore", "fetch_replica", "replica_segment_name"]
+__all__ = ["NodeReplicas", "ReplicaPuller", "ReplicaServer", "ReplicaStore", "fetch_replica", "replica_segment_name"]
 
 log = get_logger()
 
@@ -66,11 +69,13 @@ def _newest(slots: list[SnapshotSlot], rank: int) -> tuple[SnapshotSlot, SlotHea
     return best
 
 
-def _frame_of(slots: list[SnapshotSlot], rank: int, newer_than: int) -> bytearray | None:
-    """A frame of the newest snapshot of ``rank`` in ``slots`` newer than ``newer_than``
-    (the other slot when the newest one is being written or re-published)."""
+def _frame_of(slots: list[SnapshotSlot], rank: int, newer_than: int, older_than: int | None = None,
+              ) -> bytearray | None:
+    """A frame of the newest snapshot of ``rank`` in ``slots`` newer than ``newer_than`` (and
+    older than ``older_than``): the other slot when the newest one is being written."""
     ranked = sorted(((h.step, h.seq, i) for i, s in enumerate(slots)
-                     if (h := s.header()) is not None and h.live and h.rank == rank and h.step > newer_than),
+                     if (h := s.header()) is not None and h.live and h.rank == rank and h.step > newer_than
+                     and (older_than is None or h.step < older_than)),
                     reverse=True)
     for _, _, i in ranked:
         frame = take_frame(slots[i], rank=rank, newer_than=newer_than)
@@ -116,8 +121,8 @@ class ReplicaStore:
         target = next(s for s in slots if newest is None or s is not newest[0])
         return write_frame(target, frame)
 
-    def frame(self, node_id: int, rank: int, newer_than: int = -1) -> bytearray | None:
-        return _frame_of(self.slots(node_id, rank), rank, newer_than)
+    def frame(self, node_id: int, rank: int, newer_than: int = -1, older_than: int | None = None) -> bytearray | None:
+        return _frame_of(self.slots(node_id, rank), rank, newer_than, older_than)
 
     def held(self) -> list[tuple[int, int, int, int]]:
         """``(node, rank, step, round)`` of the newest whole replica of each rank held."""
@@ -183,7 +188,9 @@ class ReplicaServer:
 
     def _answer(self, request: http.server.BaseHTTPRequestHandler) -> None:
         url = urlsplit(request.path)
-        newer_than = int((parse_qs(url.query).get("newer_than") or ["-1"])[0])
+        query = parse_qs(url.query)
+        newer_than = int((query.get("newer_than") or ["-1"])[0])
+        older_than = int(query["older_than"][0]) if "older_than" in query else None
         frame = None
         if m := re.fullmatch(r"/v1/snapshot/(\d+)", url.path):
             rank = int(m[1])
@@ -193,7 +200,7 @@ class ReplicaServer:
                     self._own.pop(rank, None)  # not created yet: look again next time
             frame = _frame_of(slots, rank, newer_than)
         elif m := re.fullmatch(r"/v1/replica/(\d+)/(\d+)", url.path):
-            frame = self.store.frame(int(m[1]), int(m[2]), newer_than)
+            frame = self.store.frame(int(m[1]), int(m[2]), newer_than, older_than)
         else:
             request.send_error(404, f"no route {url.path}")
             return
@@ -237,16 +244,18 @@ def _get_frame(client: httpx.Client, url: str, *, max_bytes_per_s: float | None,
 
 
 def fetch_replica(address: str, node_id: int, rank: int, *, into: SnapshotSlot, timeout_s: float = 60.0,
-                  newer_than: int = -1) -> FrameHeader | None:
-    """Fetch the newest replica of ``node_id``'s ``rank`` from the agent at ``address`` and
-    publish it into ``into`` (a slot of the replacement's own rank); ``None``: it holds none.
+                  newer_than: int = -1, older_than: int | None = None) -> FrameHeader | None:
+    """Fetch the newest replica of ``node_id``'s ``rank`` (older than ``older_than`` if given)
+    from the agent at ``address`` and publish it into ``into`` (a slot of the replacement's
+    own rank); ``None``: it holds none.
 
     Raises:
         ReplicaError: the frame arrived damaged (``into`` untouched).
         httpx.HTTPError: the holder cannot be reached.
     """
     with httpx.Client(base_url=f"http://{address}", timeout=timeout_s) as client:
-        frame = _get_frame(client, f"/v1/replica/{node_id}/{rank}?newer_than={newer_than}", max_bytes_per_s=None)
+        older = "" if older_than is None else f"&older_than={older_than}"
+        frame = _get_frame(client, f"/v1/replica/{node_id}/{rank}?newer_than={newer_than}{older}", max_bytes_per_s=None)
     return None if frame is None else write_frame(into, frame)
 
 
@@ -312,3 +321,111 @@ class ReplicaPuller:
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         self._client.close()
+
+
+def _address_towards(addr: str) -> str:
+    """This host's address on the route to ``addr`` (``host:port``): the one peers reach it at."""
+    import socket
+
+    host, port = addr.rsplit(":", 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect((host, int(port)))  # (UDP: nothing is sent)
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+class NodeReplicas:
+    """An agent's part in replication: serve, pull from the round's source, report, fetch.
+
+    Args:
+        job_id, node_id: the agent's node.
+        master_addr: ``host:port`` of the job master (the server listens on this host's
+            address towards it).
+        interval_s: how often the puller looks for new snapshots.
+        max_bytes_per_s: the puller's bandwidth budget (``None``: unbounded).
+    """
+
+    def __init__(self, *, job_id: str, node_id: int, master_addr: str, interval_s: float = 0.1,
+                 max_bytes_per_s: float | None = None) -> None:
+        self.job_id, self.node_id = job_id, node_id
+        self.interval_s, self.max_bytes_per_s = interval_s, max_bytes_per_s
+        self.store = ReplicaStore(job_id=job_id, node_id=node_id, agent=0)
+        self.server = ReplicaServer(job_id=job_id, node_id=node_id, agent=0, store=self.store,
+                                    host=_address_towards(master_addr))
+        self._puller: ReplicaPuller | None = None
+        self._source: tuple[int, str, tuple[int, ...]] | None = None
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    def set_token(self, token: int) -> None:
+        """The agent's fencing token (names its segments), once it registered."""
+        self.store.agent = self.server.agent = token
+
+    def held(self) -> tuple[tuple[int, int, int, int], ...]:
+        return tuple(self.store.held())
+
+    def holds(self, rank: int) -> bool:
+        """Whether this agent's slots hold a complete snapshot of ``rank``."""
+        for slot_index in range(_SLOTS):
+            slot = SnapshotSlot.open(segment_name(self.job_id, self.node_id, rank, slot_index, self.store.agent),
+                                     create=False)
+            if slot is None:
+                continue
+            try:
+                h = slot.header()
+                if h is not None and h.live and h.rank == rank:
+                    return True
+            finally:
+                slot.close()
+        return False
+
+    def fetch_missing(self, holders: tuple[tuple[int, int, str], ...]) -> list[dict[str, Any]]:
+        """For each ``(rank, node, holder address)`` whose rank this node holds no snapshot
+        of, fetch the holder's two newest replicas into the rank's two
+        slots. Returns what was fetched (for the log); a holder that cannot be reached, or a
+        damaged frame, leaves that rank without (its restore then reads storage)."""
+        fetched = []
+        for rank, node_id, address in holders:
+            if self.holds(rank):
+                continue
+            older_than = None
+            for slot_index in range(_SLOTS):
+                slot = SnapshotSlot.open(segment_name(self.job_id, self.node_id, rank, slot_index, self.store.agent),
+                                         create=True)
+                assert slot is not None
+                try:
+                    h = fetch_replica(address, node_id, rank, into=slot, older_than=older_than)
+                except (httpx.HTTPError, ReplicaError, OSError) as exc:
+                    log.warning("replica_fetch_failed", node_id=self.node_id, rank=rank, holder=address, error=str(exc))
+                    h = None
+                finally:
+                    slot.close()
+                if h is None:
+                    break
+                fetched.append({"rank": rank, "step": h.step, "round": h.round, "mb": round(h.data_len / 2**20, 2)})
+                older_than = h.step
+        return fetched
+
+    def follow(self, source: int, address: str, ranks: tuple[int, ...]) -> None:
+        """Keep replicas of ``source``'s ``ranks`` (served at ``address``); ``source < 0``: none."""
+        wanted = (source, address, tuple(ranks)) if source >= 0 and address else None
+        if wanted == self._source:
+            return
+        if self._puller is not None:
+            self._puller.stop()
+            self._puller = None
+        self._source = wanted
+        if wanted is not None:
+            self._puller = ReplicaPuller(self.store, source_node=source, source_address=address, ranks=list(ranks),
+                                         interval_s=self.interval_s, max_bytes_per_s=self.max_bytes_per_s).start()
+
+    def close(self) -> None:
+        if self._puller is not None:
+            self._puller.stop()
+            self._puller = None
+        self.server.close()
+        self.store.close()

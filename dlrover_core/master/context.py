@@ -21,6 +21,7 @@ from dlrover_core.master.live import LiveRecovery
 from dlrover_core.master.node_check import NodeChecks
 from dlrover_core.master.nodes import NodeRecord, NodeTable
 from dlrover_core.master.rendezvous import RendezvousManager
+from dlrover_core.master.replicas import ReplicaIndex
 from dlrover_core.protocol.messages import Action
 from dlrover_core.protocol.state import JobState
 from dlrover_core.spec import JobSpec
@@ -41,6 +42,7 @@ class MasterContext(Protocol):
     goodput: GoodputTracker
     rate: StepRate
     wal: WriteAhead
+    replicas: ReplicaIndex
     started: float
     clock: Callable[[], float]
 

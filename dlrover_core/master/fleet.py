@@ -65,7 +65,7 @@ class Fleet:
             log.info("node_assigned", node_id=node_id, key=key)
         return node_id
 
-    def register(self, node_id: int, *, host: str, pid: int) -> NodeRecord:
+    def register(self, node_id: int, *, host: str, pid: int, replica_addr: str = "") -> NodeRecord:
         """An agent starts for ``node_id``: it gets a new fencing token (from now on the
         node's earlier agents are fenced), and its relaunch, if one was on, is answered."""
         ctx = self._ctx
@@ -73,6 +73,8 @@ class Fleet:
         if node.state != "excluded":
             node.state = "registered"
         node.host, node.pid, node.last_heartbeat = host, pid, ctx.clock()
+        node.replica_addr = replica_addr
+        ctx.replicas.drop_holder(node_id)  # a new agent holds none of its predecessor's replicas
         self.last_token += 1  # (a counter: a scan of the node table per register is 10,000² at scale)
         node.token = self.last_token
         ctx.book.relaunching.pop(node_id, None)
@@ -148,6 +150,7 @@ class Fleet:
         ctx = self._ctx
         why = why or f"no heartbeat for {silent_s:.0f} s"
         node.state = "dead"
+        ctx.replicas.drop_holder(node.node_id)  # its memory is gone with it
         ctx.book.gone_why[node.node_id] = f"lost ({why})"
         ctx.rdzv.leave(node.node_id)
         ctx.event(EventKind.NODE_LOST, level="warning", node_id=node.node_id, silent_s=round(silent_s, 1), reason=why)

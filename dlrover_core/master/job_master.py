@@ -69,6 +69,7 @@ from dlrover_core.master.node_check import NodeChecks
 from dlrover_core.master.nodes import NodeRecord, NodeTable
 from dlrover_core.master.recovery import Recovery
 from dlrover_core.master.rendezvous import RendezvousManager, Round
+from dlrover_core.master.replicas import ReplicaIndex
 from dlrover_core.master.rounds import Rounds, StoreFactory, StoreReopener
 from dlrover_core.protocol.events import EventKind, JobEvent
 from dlrover_core.protocol.messages import (
@@ -160,6 +161,7 @@ class JobMaster:
         self.book = JobBook()
         self.goodput = GoodputTracker()
         self.rate = StepRate()  # rank 0's steps per second, samples/s, tokens/s and the ETA
+        self.replicas = ReplicaIndex()  # which node holds which rank's snapshot replicas (not journaled: heartbeats say)
         self.node_checks = NodeChecks(store_factory=store_factory, store_host=store_host, clock=clock)
         self.journal = journal
         self.wal = WriteAhead(journal, self._lock, self.snapshot)
@@ -267,7 +269,8 @@ class JobMaster:
             before, rnd = self.nodes.get(message.node_id), self.rdzv.latest
             ran = (before is not None and before.state in ("running", "waiting") and rnd is not None
                    and message.node_id in rnd and rnd.index >= self.required_round)
-            node = self.fleet.register(message.node_id, host=message.host, pid=message.pid)
+            node = self.fleet.register(message.node_id, host=message.host, pid=message.pid,
+                                       replica_addr=message.replica_addr)
             if ran:  # its agent in the round is fenced now: the round cannot go on without it (nor wait for it)
                 self.rounds.new_round(f"node {message.node_id} has a new agent (pid {message.pid}) while its "
                                       f"fenced one was in round {rnd.index}")  # type: ignore[union-attr]
@@ -309,6 +312,7 @@ class JobMaster:
             node.workers = dict(message.workers)
             if message.steps:
                 node.steps.update(message.steps)
+            self.replicas.update(node_id, message.replicas)
             for record in message.records:
                 self._record(record)
             latest = self.rdzv.latest

@@ -42,6 +42,7 @@ class NodeRecord:
     failed_at: list[float] = attrs.field(factory=list)  # when each was (seconds since the job started)
     relaunches: int = 0
     token: int = 0  # fencing token of the node's current agent (0: none registered yet)
+    replica_addr: str = ""  # its agent's replica server (host:port; empty: none)
 
     def failed(self, now_s: float) -> None:
         """Count a failure of this node at ``now_s`` (seconds since the job started)."""

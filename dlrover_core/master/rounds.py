@@ -22,6 +22,7 @@ from dlrover_core.master.context import MasterContext
 from dlrover_core.master.fleet import Fleet
 from dlrover_core.master.nodes import NodeRecord
 from dlrover_core.master.rendezvous import Round
+from dlrover_core.master.replicas import replica_source
 from dlrover_core.protocol.events import EventKind
 from dlrover_core.protocol.messages import PollState, RoundAssignment
 from dlrover_core.protocol.state import JobState
@@ -97,7 +98,29 @@ class Rounds:
             state=PollState.READY, round=rnd.index, node_rank=node_rank, num_nodes=len(rnd.node_ids),
             rank_offset=rnd.rank_offset(node.node_id), nproc=rnd.nproc[node_rank], world_size=rnd.world_size,
             store_host=ctx.store_host, store_port=store[0], restart_count=ctx.book.restarts,
-            max_restarts=ctx.job.failure.max_restarts)
+            max_restarts=ctx.job.failure.max_restarts, **self._replica_fields(node, rnd))
+
+    def _ranks(self, rnd: Round, node_id: int) -> range:
+        offset = rnd.rank_offset(node_id)
+        return range(offset, offset + rnd.nproc[rnd.node_rank(node_id)])
+
+    def _replica_fields(self, node: NodeRecord, rnd: Round) -> dict[str, Any]:
+        """Whose snapshots ``node`` keeps replicas of in ``rnd``, and where its own ranks'
+        replicas are (:mod:`~dlrover_core.master.replicas`); none when replicas are off."""
+        ctx = self._ctx
+        if not ctx.job.checkpoint.replicas_for(ctx.job.nodes.max) or not node.replica_addr:
+            return {}
+        hosts = {n: ctx.node(n).host for n in rnd.node_ids}
+        fields: dict[str, Any] = {}
+        source = replica_source(node.node_id, list(rnd.node_ids), hosts)
+        if source is not None and ctx.node(source).replica_addr:
+            fields.update(replica_source=source, replica_source_addr=ctx.node(source).replica_addr,
+                          replica_source_ranks=tuple(self._ranks(rnd, source)))
+        usable = {n: not rec.gone and bool(rec.replica_addr) for n, rec in ctx.nodes.items()}
+        holders = ctx.replicas.holders_for(node.node_id, self._ranks(rnd, node.node_id), usable=usable)
+        if holders:
+            fields["replica_holders"] = tuple((rank, src, ctx.node(holder).replica_addr) for rank, src, holder in holders)
+        return fields
 
     def _placed(self, node: NodeRecord, rnd: Round) -> bool:
         """A member of the running round, not told yet (waiting), or told already (running)

@@ -200,12 +200,15 @@ class Register:
         host: the agent's host name.
         pid: the agent's process id on that host.
         token: unused (an agent has no token before it registers); accepted for symmetry.
+        replica_addr: ``host:port`` of the agent's replica server (its node's snapshots and
+            the replicas it holds: ``dlrover_core.agent.replicas``); empty without replicas.
     """
 
     node_id: int
     host: str = ""
     pid: int = 0
     token: int | None = None
+    replica_addr: str = ""
 
 
 @attrs.frozen(kw_only=True)
@@ -301,6 +304,11 @@ class RoundAssignment:
         live_join: the node joins a round that keeps running without it (its workers start
             as replacements: they get their ranks and their peers' live state in
             ``train.steps()``; the rank fields are their slots' at the round's start).
+        replica_source: the node whose snapshots this node keeps replicas of (its buddy
+            source; -1: none), at ``replica_source_addr``, for its ranks ``replica_source_ranks``.
+        replica_holders: where this node's ranks' newest replicas are, as ``(rank, node whose
+            rank it was, holder's replica address)``: a node that lost its memory fetches them
+            before its workers start.
     """
 
     state: PollState
@@ -323,6 +331,10 @@ class RoundAssignment:
     prefix: str = ""
     timeout_s: float = 0.0
     live_join: bool = False
+    replica_source: int = -1
+    replica_source_addr: str = ""
+    replica_source_ranks: tuple[int, ...] = ()
+    replica_holders: tuple[tuple[int, int, str], ...] = ()
 
 
 # ----- heartbeats and reports -------------------------------------------------------------------
@@ -344,6 +356,8 @@ class Heartbeat:
         saves: steps each rank saved for storage since the last heartbeat, by global rank.
         pid: the agent's process id (fences an agent without a token).
         token: the agent's fencing token.
+        replicas: the newest whole replica this node holds of each rank it keeps replicas
+            of, as ``(node, rank, step, round)`` (``round``: the lineage of the snapshot).
     """
 
     node_id: int
@@ -354,6 +368,7 @@ class Heartbeat:
     saves: dict[int, tuple[int, ...]] = attrs.field(factory=dict)
     pid: int | None = None
     token: int | None = None
+    replicas: tuple[tuple[int, int, int, int], ...] = ()
 
 
 @attrs.frozen(kw_only=True)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import http.server
 import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -325,8 +326,6 @@ class ReplicaPuller:
 
 def _address_towards(addr: str) -> str:
     """This host's address on the route to ``addr`` (``host:port``): the one peers reach it at."""
-    import socket
-
     host, port = addr.rsplit(":", 1)
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:

@@ -222,3 +222,29 @@ def test_a_lost_node_restores_from_its_buddys_memory_not_from_storage(tmp_path):
     assert (tmp_path / "lost.sha256").read_text() == (tmp_path / "clean.sha256").read_text()
     assert job_processes(result.job_id) == []
     assert {e for e in shm_entries() - shm_before if result.job_id in e} == set()
+
+
+def test_a_new_lineage_replaces_the_abandoned_replicas_at_once(job_id):
+    """The job went back (round 1 restored step 3 from storage) after the buddy pulled steps
+    5 and 6 of round 0: the next pull takes round 1's step 3 although its step is lower, and
+    it is the newest replica held from then on (the abandoned lineage's are never preferred)."""
+    mem = MemorySnapshots(job_id=job_id, node_id=0, rank=0, agent=1, round_index=0)
+    server = ReplicaServer(job_id=job_id, node_id=0, agent=1, store=ReplicaStore(job_id=job_id, node_id=0, agent=1))
+    store = ReplicaStore(job_id=job_id, node_id=1, agent=2)
+    puller = ReplicaPuller(store, source_node=0, source_address=server.address, ranks=[0])
+    try:
+        for step in (5, 6):
+            save(mem, step, world_size=1)
+            assert puller.pull_once() == 1
+        assert store.held() == [(0, 0, 6, 0)]
+        restored = MemorySnapshots(job_id=job_id, node_id=0, rank=0, agent=1, round_index=1)
+        save(restored, 3, world_size=1)
+        assert puller.pull_once() == 1
+        assert store.held() == [(0, 0, 3, 1)]
+        assert puller.pull_once() == 0
+        save(restored, 4, world_size=1)
+        assert puller.pull_once() == 1 and store.held() == [(0, 0, 4, 1)]
+    finally:
+        puller.stop()
+        server.close()
+        store.close()

@@ -3,11 +3,13 @@
 Each agent serves its node's snapshots as replica frames (:mod:`dlrover_core.checkpoint.replica`)
 over HTTP, and the replicas it holds for other nodes::
 
-    GET /v1/snapshot/<rank>?newer_than=<step>          this node's newest snapshot of <rank>
+    GET /v1/snapshot/<rank>?newer_than=<step>&round=<r>  this node's newest snapshot of <rank>
     GET /v1/replica/<node>/<rank>?newer_than=<step>    the newest replica held of <node>'s <rank>
 
 answered 200 with the frame (``application/octet-stream``), or 204 when there is nothing
-newer than ``newer_than``. A buddy agent pulls the frames of its source node's ranks in the
+newer than ``newer_than`` (with ``round``: newer than that snapshot, a later round's
+lineage first: after a restore to an older step, the new lineage's snapshots replace the
+abandoned ones at once). A buddy agent pulls the frames of its source node's ranks in the
 background (:class:`ReplicaPuller`), at most ``max_bytes_per_s`` and at the lowest CPU
 priority, and keeps them in two slots per rank (:class:`ReplicaStore`): a frame is written
 into the slot that does not hold the newest whole replica, so a pull cut off half-way, or a
@@ -41,7 +43,7 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 
 from dlrover_core.checkpoint.replica import FrameHeader, ReplicaError, frame_header, take_frame, write_frame
-from dlrover_core.checkpoint.shm import SlotHeader, SnapshotSlot, node_prefix, segment_name
+from dlrover_core.checkpoint.shm import READY, SlotHeader, SnapshotSlot, node_prefix, segment_name
 from dlrover_core.logging import get_logger
 
 __all__ = ["NodeReplicas", "ReplicaPuller", "ReplicaServer", "ReplicaStore", "fetch_replica", "replica_segment_name"]
@@ -65,24 +67,35 @@ def _newest(slots: list[SnapshotSlot], rank: int) -> tuple[SnapshotSlot, SlotHea
     best = None
     for slot in slots:
         h = slot.header()
-        if h is not None and h.live and h.rank == rank and (best is None or (h.step, h.seq) > (best[1].step, best[1].seq)):
+        if h is not None and h.live and h.rank == rank and (
+                best is None or (h.round, h.step, h.seq) > (best[1].round, best[1].step, best[1].seq)):
             best = (slot, h)
     return best
 
 
 def _frame_of(slots: list[SnapshotSlot], rank: int, newer_than: int, older_than: int | None = None,
-              ) -> bytearray | None:
-    """A frame of the newest snapshot of ``rank`` in ``slots`` newer than ``newer_than`` (and
-    older than ``older_than``): the other slot when the newest one is being written."""
-    ranked = sorted(((h.step, h.seq, i) for i, s in enumerate(slots)
-                     if (h := s.header()) is not None and h.live and h.rank == rank and h.step > newer_than
-                     and (older_than is None or h.step < older_than)),
-                    reverse=True)
-    for _, _, i in ranked:
-        frame = take_frame(slots[i], rank=rank, newer_than=newer_than)
-        if frame is not None:
+              newer_round: int | None = None) -> bytearray | None:
+    """A frame of the newest snapshot of ``rank`` in ``slots`` (a later round's first) newer
+    than step ``newer_than`` — with ``newer_round``: newer than ``(newer_round, newer_than)``
+    as (round, step) — and older than ``older_than``: the other slot when the newest one is
+    being written."""
+    def wanted(h: SlotHeader) -> bool:
+        newer = h.step > newer_than if newer_round is None else (h.round, h.step) > (newer_round, newer_than)
+        return h.live and h.rank == rank and newer and (older_than is None or h.step < older_than)
+
+    ranked = sorted(((h.round, h.step, h.seq, i) for i, s in enumerate(slots)
+                     if (h := s.header()) is not None and wanted(h)), reverse=True)
+    for *_, i in ranked:
+        frame = take_frame(slots[i], rank=rank)
+        if frame is not None and wanted(_as_header(frame_header(frame))):
             return frame
     return None
+
+
+def _as_header(h: FrameHeader) -> SlotHeader:
+    """A frame's identity as the slot header it came from (for :func:`_frame_of`'s test)."""
+    return SlotHeader(state=READY, flags=0, step=h.step, seq=h.seq, world_size=h.world_size, rank=h.rank, round=h.round,
+                      layout_off=0, layout_len=h.layout_len, data_off=0, data_len=h.data_len, crc=0, valid=True)
 
 
 class ReplicaStore:
@@ -191,6 +204,7 @@ class ReplicaServer:
         url = urlsplit(request.path)
         query = parse_qs(url.query)
         newer_than = int((query.get("newer_than") or ["-1"])[0])
+        newer_round = int(query["round"][0]) if "round" in query else None
         older_than = int(query["older_than"][0]) if "older_than" in query else None
         frame = None
         if m := re.fullmatch(r"/v1/snapshot/(\d+)", url.path):
@@ -199,7 +213,7 @@ class ReplicaServer:
             if not slots:
                 with self._own_lock:
                     self._own.pop(rank, None)  # not created yet: look again next time
-            frame = _frame_of(slots, rank, newer_than)
+            frame = _frame_of(slots, rank, newer_than, newer_round=newer_round)
         elif m := re.fullmatch(r"/v1/replica/(\d+)/(\d+)", url.path):
             frame = self.store.frame(int(m[1]), int(m[2]), newer_than, older_than)
         else:
@@ -290,7 +304,8 @@ class ReplicaPuller:
                 break
             held = self.store.newest(self.source_node, rank)
             try:
-                frame = _get_frame(self._client, f"/v1/snapshot/{rank}?newer_than={-1 if held is None else held.step}",
+                after = "newer_than=-1" if held is None else f"newer_than={held.step}&round={held.round}"
+                frame = _get_frame(self._client, f"/v1/snapshot/{rank}?{after}",
                                    max_bytes_per_s=self.max_bytes_per_s, sleep=self._stop.wait)
             except httpx.HTTPError as exc:
                 log.debug("replica_pull_failed", node_id=self.source_node, rank=rank, error=str(exc))

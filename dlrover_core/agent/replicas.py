@@ -240,6 +240,15 @@ class ReplicaServer:
             self._own.clear()
 
 
+#: Seconds to connect to another agent: a holder whose host is gone (its link down, no
+#: refusal) must not hold up a round's start for the whole transfer timeout.
+_CONNECT_TIMEOUT_S = 3.0
+
+
+def _timeout(timeout_s: float) -> httpx.Timeout:
+    return httpx.Timeout(timeout_s, connect=min(_CONNECT_TIMEOUT_S, timeout_s))
+
+
 def _get_frame(client: httpx.Client, url: str, *, max_bytes_per_s: float | None,
                sleep: Callable[[float], None] = time.sleep) -> bytearray | None:
     """GET a frame, reading at most ``max_bytes_per_s``; ``None`` on 204."""
@@ -268,7 +277,7 @@ def fetch_replica(address: str, node_id: int, rank: int, *, into: SnapshotSlot, 
         ReplicaError: the frame arrived damaged (``into`` untouched).
         httpx.HTTPError: the holder cannot be reached.
     """
-    with httpx.Client(base_url=f"http://{address}", timeout=timeout_s) as client:
+    with httpx.Client(base_url=f"http://{address}", timeout=_timeout(timeout_s)) as client:
         older = "" if older_than is None else f"&older_than={older_than}"
         frame = _get_frame(client, f"/v1/replica/{node_id}/{rank}?newer_than={newer_than}{older}", max_bytes_per_s=None)
     return None if frame is None else write_frame(into, frame)
@@ -286,7 +295,7 @@ class ReplicaPuller:
                  interval_s: float = 1.0, max_bytes_per_s: float | None = None, timeout_s: float = 60.0) -> None:
         self.store, self.source_node, self.ranks = store, source_node, list(ranks)
         self.interval_s, self.max_bytes_per_s = interval_s, max_bytes_per_s
-        self._client = httpx.Client(base_url=f"http://{source_address}", timeout=timeout_s)
+        self._client = httpx.Client(base_url=f"http://{source_address}", timeout=_timeout(timeout_s))
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dlrover-replica-puller", daemon=True)
         self.pulled = 0  # frames stored

@@ -51,8 +51,9 @@ def test_the_index_points_a_node_at_the_newest_replica_of_each_rank_and_forgets_
     index.update(2, [(0, 0, 5, 2)])
     assert index.holders_for(0, [0, 1, 2]) == [(0, 0, 1), (1, 0, 1)]  # rank 2: none
     assert index.holders_for(1, [0]) == [(0, 0, 2)]  # never itself
-    assert index.holders_for(0, [0], usable={1: False}) == [(0, 0, 2)]
+    assert index.holders_for(0, [0], usable=lambda holder: holder != 1) == [(0, 0, 2)]
     index.update(1, [(0, 1, 8, 2)])  # holder 1 reports anew: rank 0 no longer held there
     assert index.holders_for(0, [0, 1]) == [(0, 0, 2), (1, 0, 1)]
     index.drop_holder(2)
     assert index.holders_for(0, [0]) == []
+    assert index.held() == {(1, 0, 1): (8, 2)}

@@ -193,7 +193,9 @@ def test_a_lost_node_restores_from_its_buddys_memory_not_from_storage(tmp_path):
 
     def job(name: str, out: Path) -> Job:
         return Job(name=name, entrypoint=str(SCRIPTS / "tiny_train.py"),
-                   args=["--steps", "40", "--step-sleep", "0.15", "--out", str(out)], nodes=2, accelerator="cpu",
+                   # steps slower than the buddy's pulls even on a loaded machine (its puller runs at
+                   # nice 19): a replica more than two steps behind the survivors means storage
+                   args=["--steps", "30", "--step-sleep", "0.4", "--out", str(out)], nodes=2, accelerator="cpu",
                    checkpoint=Checkpoint(dir=str(tmp_path / name / "ck"), persist_every_steps=10),
                    failure=Failure(max_restarts=2, stop_grace_s=2, heartbeat_timeout_s=3.0),
                    log_dir=str(tmp_path / "runs"))

@@ -43,7 +43,7 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 
 from dlrover_core.checkpoint.replica import FrameHeader, ReplicaError, frame_header, take_frame, write_frame
-from dlrover_core.checkpoint.shm import READY, SlotHeader, SnapshotSlot, node_prefix, segment_name
+from dlrover_core.checkpoint.shm import SlotHeader, SnapshotSlot, node_prefix, segment_name
 from dlrover_core.logging import get_logger
 
 __all__ = ["NodeReplicas", "ReplicaPuller", "ReplicaServer", "ReplicaStore", "fetch_replica", "replica_segment_name"]
@@ -79,23 +79,18 @@ def _frame_of(slots: list[SnapshotSlot], rank: int, newer_than: int, older_than:
     than step ``newer_than`` — with ``newer_round``: newer than ``(newer_round, newer_than)``
     as (round, step) — and older than ``older_than``: the other slot when the newest one is
     being written."""
-    def wanted(h: SlotHeader) -> bool:
-        newer = h.step > newer_than if newer_round is None else (h.round, h.step) > (newer_round, newer_than)
-        return h.live and h.rank == rank and newer and (older_than is None or h.step < older_than)
+    def wanted(round_index: int, step: int) -> bool:
+        newer = step > newer_than if newer_round is None else (round_index, step) > (newer_round, newer_than)
+        return newer and (older_than is None or step < older_than)
 
     ranked = sorted(((h.round, h.step, h.seq, i) for i, s in enumerate(slots)
-                     if (h := s.header()) is not None and wanted(h)), reverse=True)
+                     if (h := s.header()) is not None and h.live and h.rank == rank and wanted(h.round, h.step)),
+                    reverse=True)
     for *_, i in ranked:
-        frame = take_frame(slots[i], rank=rank)
-        if frame is not None and wanted(_as_header(frame_header(frame))):
+        frame = take_frame(slots[i], rank=rank)  # (re-published meanwhile: check the frame's own identity)
+        if frame is not None and wanted((fh := frame_header(frame)).round, fh.step):
             return frame
     return None
-
-
-def _as_header(h: FrameHeader) -> SlotHeader:
-    """A frame's identity as the slot header it came from (for :func:`_frame_of`'s test)."""
-    return SlotHeader(state=READY, flags=0, step=h.step, seq=h.seq, world_size=h.world_size, rank=h.rank, round=h.round,
-                      layout_off=0, layout_len=h.layout_len, data_off=0, data_len=h.data_len, crc=0, valid=True)
 
 
 class ReplicaStore:
@@ -194,7 +189,12 @@ class ReplicaServer:
         return f"{host}:{port}"
 
     def _own_slots(self, rank: int) -> list[SnapshotSlot]:
+        """The rank's slots, re-opened when a name now points at another file (a worker's
+        segments removed and made anew), as the saver does."""
         with self._own_lock:
+            if any(slot.replaced() for slot in self._own.get(rank, ())):
+                for slot in self._own.pop(rank):
+                    slot.close()
             if rank not in self._own:
                 self._own[rank] = [s for i in range(_SLOTS) if (s := SnapshotSlot.open(
                     segment_name(self.job_id, self.node_id, rank, i, self.agent), create=False))]
@@ -323,6 +323,9 @@ class ReplicaPuller:
                 continue
             try:
                 h = self.store.put(self.source_node, frame)
+            except OSError as exc:  # /dev/shm full: the replica held stays; try again later
+                log.warning("replica_not_stored", node_id=self.source_node, rank=rank, error=str(exc))
+                continue
             except ReplicaError as exc:
                 self.refused += 1
                 log.warning("replica_refused", node_id=self.source_node, rank=rank, reason=str(exc))

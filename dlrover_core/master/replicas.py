@@ -2,7 +2,7 @@
 the index of the replicas the agents report holding. Pure: no lock, clock or I/O.
 
 * **Placement.** In a round, each node keeps replicas of one *source* node
-  (:func:`replica_source`): every node's ranks are replicated on exactly one other node,
+  (:func:`replica_sources`): every node's ranks are replicated on exactly one other node,
   across hosts wherever no host runs more than half of the nodes (a host that dies then
   takes no rank's only copy with it).
 * **Index.** Each heartbeat says which replicas its node holds, ``(node, rank, step,
@@ -15,14 +15,15 @@ the index of the replicas the agents report holding. Pure: no lock, clock or I/O
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
-__all__ = ["ReplicaIndex", "replica_source"]
+__all__ = ["ReplicaIndex", "replica_source", "replica_sources"]
 
 
-def replica_source(node_id: int, members: Sequence[int], hosts: Mapping[int, str]) -> int | None:
-    """The node whose ranks ``node_id`` keeps replicas of, in a round of ``members`` (node
-    ids) on ``hosts``; ``None`` when it is alone (or not a member).
+def replica_sources(members: Sequence[int], hosts: Mapping[int, str]) -> dict[int, int]:
+    """Whose ranks each member keeps replicas of, in a round of ``members`` (node ids) on
+    ``hosts``: member -> its source (empty for a round of one). Computed once per round.
 
     The members in (host, node id) order, each keeps the replicas of the member ``k`` places
     before it (wrapping), ``k`` the size of the largest host's group (1 on a single host):
@@ -30,59 +31,64 @@ def replica_source(node_id: int, members: Sequence[int], hosts: Mapping[int, str
     no host runs more than half of the members (where one does, some of its nodes keep each
     other's: no placement could do better).
 
-    >>> replica_source(0, [0, 1, 2, 3], {0: "a", 1: "a", 2: "b", 3: "b"})
-    2
-    >>> replica_source(2, [0, 1, 2, 3], {0: "a", 1: "a", 2: "b", 3: "b"})
-    0
-    >>> replica_source(1, [0, 1], {0: "a", 1: "a"})
-    0
+    >>> replica_sources([0, 1, 2, 3], {0: "a", 1: "a", 2: "b", 3: "b"})
+    {0: 2, 1: 3, 2: 0, 3: 1}
+    >>> replica_sources([0, 1], {0: "a", 1: "a"})
+    {0: 1, 1: 0}
     """
-    if node_id not in members or len(members) < 2:
-        return None
+    if len(members) < 2:
+        return {}
     order = sorted(members, key=lambda n: (hosts.get(n, ""), n))
-    groups: dict[str, int] = {}
-    for n in order:
-        groups[hosts.get(n, "")] = groups.get(hosts.get(n, ""), 0) + 1
-    k = max(groups.values())
+    k = max(Counter(hosts.get(n, "") for n in order).values())
     if k >= len(order):
         k = 1
-    return order[(order.index(node_id) - k) % len(order)]
+    return {n: order[(i - k) % len(order)] for i, n in enumerate(order)}
+
+
+def replica_source(node_id: int, members: Sequence[int], hosts: Mapping[int, str]) -> int | None:
+    """``node_id``'s source in :func:`replica_sources`; ``None`` alone (or not a member)."""
+    return replica_sources(members, hosts).get(node_id)
 
 
 class ReplicaIndex:
-    """The replicas each holder node reported: ``(holder, node, rank) -> (step, round)``."""
+    """The replicas each holder node reported, kept by rank (a lookup touches one rank's
+    holders, not the whole job's)."""
 
     def __init__(self) -> None:
-        self._held: dict[tuple[int, int, int], tuple[int, int]] = {}
+        self._by_holder: dict[int, list[tuple[int, int, int, int]]] = {}
+        self._by_rank: dict[int, dict[int, tuple[int, int, int]]] = {}  # rank -> holder -> (step, round, node)
 
     def update(self, holder: int, held: Iterable[tuple[int, int, int, int]]) -> None:
         """``holder`` holds exactly ``held`` (``(node, rank, step, round)`` each) now."""
-        for key in [k for k in self._held if k[0] == holder]:
-            del self._held[key]
+        for _, rank, _, _ in self._by_holder.pop(holder, ()):
+            holders = self._by_rank.get(rank, {})
+            holders.pop(holder, None)
+            if not holders:
+                self._by_rank.pop(rank, None)
+        held = list(held)
+        if held:
+            self._by_holder[holder] = held
         for node_id, rank, step, round_index in held:
-            self._held[(holder, node_id, rank)] = (step, round_index)
+            self._by_rank.setdefault(rank, {})[holder] = (step, round_index, node_id)
 
     def drop_holder(self, holder: int) -> None:
         """``holder`` is gone, and its memory with it."""
         self.update(holder, ())
 
-    def holders_for(self, node_id: int, ranks: Iterable[int], *, usable: Mapping[int, bool] | None = None,
+    def holders_for(self, node_id: int, ranks: Iterable[int], *, usable: Callable[[int], bool] = lambda h: True,
                     ) -> list[tuple[int, int, int]]:
         """For each of ``ranks`` (the ranks ``node_id`` runs), where its newest replica is:
         ``(rank, the node whose rank it was, holder)``; ranks without one are left out.
-        ``usable``: holder -> whether it can be asked (not gone); missing: yes."""
+        ``usable(holder)``: whether that holder can be asked (not gone)."""
         out = []
         for rank in ranks:
-            best = None
-            for (holder, src, r), (step, _) in self._held.items():
-                if r != rank or holder == node_id or (usable is not None and not usable.get(holder, True)):
-                    continue
-                if best is None or step > best[0]:
-                    best = (step, src, holder)
+            best = max(((step, src, holder) for holder, (step, _, src) in self._by_rank.get(rank, {}).items()
+                        if holder != node_id and usable(holder)), default=None)
             if best is not None:
                 out.append((rank, best[1], best[2]))
         return out
 
     def held(self) -> dict[tuple[int, int, int], tuple[int, int]]:
-        """A copy of the index (status, tests)."""
-        return dict(self._held)
+        """``(holder, node, rank) -> (step, round)`` (status, tests)."""
+        return {(holder, node_id, rank): (step, round_index)
+                for holder, held in self._by_holder.items() for node_id, rank, step, round_index in held}

@@ -22,7 +22,7 @@ from dlrover_core.master.context import MasterContext
 from dlrover_core.master.fleet import Fleet
 from dlrover_core.master.nodes import NodeRecord
 from dlrover_core.master.rendezvous import Round
-from dlrover_core.master.replicas import replica_source
+from dlrover_core.master.replicas import replica_sources
 from dlrover_core.protocol.events import EventKind
 from dlrover_core.protocol.messages import PollState, RoundAssignment
 from dlrover_core.protocol.state import JobState
@@ -56,6 +56,7 @@ class Rounds:
         self._store_factory = store_factory
         self._reopen_store = reopen_store
         self.stores: dict[int, tuple[int, Any]] = {}  # round -> (port, store server)
+        self._sources: tuple[int, dict[int, int]] | None = None  # (round, node -> its replica source)
 
     # ----- joining and polling ------------------------------------------------------------
 
@@ -110,13 +111,18 @@ class Rounds:
         ctx = self._ctx
         if not ctx.job.checkpoint.replicas_for(ctx.job.nodes.max) or not node.replica_addr:
             return {}
-        hosts = {n: ctx.node(n).host for n in rnd.node_ids}
+        if self._sources is None or self._sources[0] != rnd.index:  # once per round, not per poll
+            hosts = {n: ctx.node(n).host for n in rnd.node_ids}
+            self._sources = (rnd.index, replica_sources(list(rnd.node_ids), hosts))
         fields: dict[str, Any] = {}
-        source = replica_source(node.node_id, list(rnd.node_ids), hosts)
+        source = self._sources[1].get(node.node_id)
         if source is not None and ctx.node(source).replica_addr:
             fields.update(replica_source=source, replica_source_addr=ctx.node(source).replica_addr,
                           replica_source_ranks=tuple(self._ranks(rnd, source)))
-        usable = {n: not rec.gone and bool(rec.replica_addr) for n, rec in ctx.nodes.items()}
+        def usable(holder: int) -> bool:
+            rec = ctx.nodes.get(holder)
+            return rec is not None and not rec.gone and bool(rec.replica_addr)
+
         holders = ctx.replicas.holders_for(node.node_id, self._ranks(rnd, node.node_id), usable=usable)
         if holders:
             fields["replica_holders"] = tuple((rank, src, ctx.node(holder).replica_addr) for rank, src, holder in holders)

@@ -72,7 +72,8 @@ LOCAL_RANK = "DLROVER_LOCAL_RANK"
 #: ``numactl --physcpubind``; ``dlrover run --numa-binding``), applied with ``sched_setaffinity``
 #: by the worker's launcher before the script starts (a warm standby: when it is activated)
 CPU_AFFINITY = "DLROVER_CPU_AFFINITY"
-#: In a worker's environment, set by the user: ``1`` keeps the garbage collector's passes at
-#: interpreter exit over every object (by default a worker freezes them when its script
-#: returns: ``dlrover_core.train.process_group._freeze_for_exit``)
+#: In a worker's environment, set by the user: ``1`` keeps the garbage collector's passes over
+#: every object (by default a worker freezes the objects alive when it joins its group and
+#: when its script returns: ``dlrover_core.train.process_group._freeze_imports`` and
+#: ``_freeze_for_exit``)
 GC_AT_EXIT = "DLROVER_GC_AT_EXIT"

@@ -2,7 +2,8 @@
 tears down (a gloo group left to finalization can abort the process with exit code -6:
 "terminate called without an active exception"), but not after an uncaught exception.
 Either way the objects alive then are frozen out of the collector's passes at exit (a
-second or so of a torch worker's exit), unless ``DLROVER_GC_AT_EXIT=1``."""
+second or so of a torch worker's exit), and so are those alive when it joins its group (the
+imports), unless ``DLROVER_GC_AT_EXIT=1``."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ SCRIPT = textwrap.dedent("""
     from dlrover_core import train
     train.init()
     assert dist.is_initialized()
+    print("frozen after init:", gc.get_freeze_count() > 10_000, flush=True)  # the imports
     if sys.argv[1] == "raise":
         raise RuntimeError("boom")
 """)
@@ -41,6 +43,7 @@ def test_the_group_is_destroyed_at_a_normal_exit_only(tmp_path, how, initialized
     assert proc.returncode == code, proc.stderr[-2000:]
     assert f"initialized at exit: {initialized}" in proc.stdout, proc.stdout + proc.stderr[-2000:]
     assert f"frozen at exit: {gc_at_exit != '1'}" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+    assert f"frozen after init: {gc_at_exit != '1'}" in proc.stdout, proc.stdout + proc.stderr[-2000:]
 
 
 #: two ranks of a DDP model that ``train.steps()`` would rebuild on each live generation

@@ -189,6 +189,13 @@ class Checkpoint:
             the job can have more than one node, else ``0`` (:meth:`replicas_for`). The
             agents copy them in the background, at the lowest CPU priority (issue 28;
             ``dlrover_core.agent.replicas``).
+        replica_mb_per_s: the most a node reads from its buddy's source each second to
+            keep the replicas, in MB (10^6 bytes), so that copies never crowd out the
+            training's own traffic on the link. ``None`` (the default): a quarter of the
+            speed of the network interface towards the source (Linux reports it in
+            ``/sys/class/net/<interface>/speed``), 1,000 MB/s where the interface does
+            not say, and no limit between two nodes of one host (loopback)
+            (:func:`dlrover_core.agent.replicas.replica_budget`).
     """
 
     dir: str = "checkpoints"
@@ -198,8 +205,10 @@ class Checkpoint:
     keep_last: int = 3
     persist_timeout_s: float = 600.0
     replicas: int | None = None
+    replica_mb_per_s: float | None = None
 
     def __attrs_post_init__(self) -> None:
+        _positive_number("checkpoint.replica_mb_per_s", self.replica_mb_per_s, allow_none=True)
         if self.replicas is not None and (isinstance(self.replicas, bool) or self.replicas not in (0, 1)):
             raise JobSpecError("checkpoint.replicas", self.replicas, "0, 1 or None (1 where there is more than one node)")
         if not isinstance(self.dir, str) or not self.dir:

@@ -6,13 +6,15 @@ holds its rank's snapshot in its own slot."""
 from __future__ import annotations
 
 import http.server
+import re
+import socket
 import threading
 import time
 import uuid
 
 import pytest
 
-from dlrover_core.agent.replicas import ReplicaPuller, ReplicaServer, ReplicaStore, fetch_replica
+from dlrover_core.agent.replicas import ReplicaPuller, ReplicaServer, ReplicaStore, fetch_replica, replica_budget
 from dlrover_core.checkpoint.layout import build_layout
 from dlrover_core.checkpoint.memory import MemorySnapshots
 from dlrover_core.checkpoint.replica import take_frame
@@ -218,6 +220,8 @@ def test_a_lost_node_restores_from_its_buddys_memory_not_from_storage(tmp_path):
     restores = [e for e in events if e["kind"] == "restore_decided" and e["round"] >= 1]
     assert [e["source"] for e in restores] == ["memory"], restores
     assert "replicas_fetched" in (Path(result.log_dir) / "node_1.log").read_text()
+    # both nodes on one host: the puller's link is loopback, with no budget
+    assert re.search(r"replica_source .*budget=loopback", (Path(result.log_dir) / "node_0.log").read_text())
 
     clean = job("clean", tmp_path / "clean.sha256").run(progress=False)
     assert clean.state == JobState.SUCCEEDED
@@ -250,3 +254,36 @@ def test_a_new_lineage_replaces_the_abandoned_replicas_at_once(job_id):
         puller.stop()
         server.close()
         store.close()
+
+
+# ----- the bandwidth budget ----------------------------------------------------------------------
+
+
+def test_the_replica_budget_is_the_users_or_a_share_of_the_link():
+    """``Checkpoint.replica_mb_per_s`` wins; a source on this host (loopback) has no budget;
+    towards another address, a quarter of the interface's reported speed, or 1,000 MB/s
+    where it reports none (psutil's reading of ``/sys/class/net/<if>/speed``)."""
+    assert replica_budget("127.0.0.1:5000", 50) == (50e6, "checkpoint.replica_mb_per_s")
+    assert replica_budget("127.0.0.1:5000") == (None, "loopback")
+    psutil = pytest.importorskip("psutil")
+    stats = psutil.net_if_stats()
+    outward = [(name, a.address) for name, addrs in psutil.net_if_addrs().items() for a in addrs
+               if a.family == socket.AF_INET and not a.address.startswith("127.")
+               and name in stats and stats[name].isup and "loopback" not in stats[name].flags]
+    if not outward:
+        pytest.skip("no network interface but loopback here")
+    name, address = outward[0]
+    budget, why = replica_budget(f"{address}:5000")  # (the route to a local address is loopback on Linux)
+    if why == "loopback":
+        return
+    speed = stats[name].speed
+    assert budget == (speed * 1e6 / 8 / 4 if speed else 1e9), (budget, why)
+
+
+def test_a_bad_replica_budget_names_the_field():
+    from dlrover_core import Checkpoint, JobSpecError
+
+    for bad in (0, -1, "fast"):
+        with pytest.raises(JobSpecError, match="checkpoint.replica_mb_per_s"):
+            Checkpoint(replica_mb_per_s=bad)
+    assert Checkpoint(replica_mb_per_s=250).replica_mb_per_s == 250

@@ -10,7 +10,7 @@ answered 200 with the frame (``application/octet-stream``), or 204 when there is
 newer than ``newer_than`` (with ``round``: newer than that snapshot, a later round's
 lineage first: after a restore to an older step, the new lineage's snapshots replace the
 abandoned ones at once). A buddy agent pulls the frames of its source node's ranks in the
-background (:class:`ReplicaPuller`), at most ``max_bytes_per_s`` and at the lowest CPU
+background (:class:`ReplicaPuller`), within a bandwidth budget (:func:`replica_budget`) and at the lowest CPU
 priority, and keeps them in two slots per rank (:class:`ReplicaStore`): a frame is written
 into the slot that does not hold the newest whole replica, so a pull cut off half-way, or a
 damaged frame (refused by its CRC32s), never costs the replica already held. When the
@@ -41,12 +41,14 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
+import psutil
 
 from dlrover_core.checkpoint.replica import FrameHeader, ReplicaError, frame_header, take_frame, write_frame
 from dlrover_core.checkpoint.shm import SlotHeader, SnapshotSlot, node_prefix, segment_name
 from dlrover_core.logging import get_logger
 
-__all__ = ["NodeReplicas", "ReplicaPuller", "ReplicaServer", "ReplicaStore", "fetch_replica", "replica_segment_name"]
+__all__ = ["NodeReplicas", "ReplicaPuller", "ReplicaServer", "ReplicaStore", "fetch_replica", "replica_budget",
+           "replica_segment_name"]
 
 log = get_logger()
 
@@ -351,6 +353,37 @@ class ReplicaPuller:
         self._client.close()
 
 
+#: Share of the link a puller may read at (``Checkpoint.replica_mb_per_s=None``): the rest is
+#: the training's (its collectives share the interface).
+_LINK_SHARE = 0.25
+#: Budget (bytes/s) where the interface towards the source reports no speed (virtual NICs,
+#: some cloud interfaces): 1,000 MB/s, a quarter of a 32 Gb/s link.
+_UNKNOWN_LINK_BYTES_PER_S = 1e9
+
+
+def replica_budget(source_address: str, mb_per_s: float | None = None) -> tuple[float | None, str]:
+    """The puller's bandwidth budget towards ``source_address`` (``host:port``), in bytes
+    per second (``None``: unbounded), and why.
+
+    ``mb_per_s`` (``Checkpoint.replica_mb_per_s``) wins where given. Otherwise: no limit
+    when the source is on this host (the interface is loopback: no link to share), else
+    :data:`_LINK_SHARE` of the interface's speed (``psutil.net_if_stats``, from Linux's
+    ``/sys/class/net/<interface>/speed``, megabits per second), or
+    :data:`_UNKNOWN_LINK_BYTES_PER_S` where the interface reports none (speed 0).
+    """
+    if mb_per_s is not None:
+        return mb_per_s * 1e6, "checkpoint.replica_mb_per_s"
+    local = _address_towards(source_address)
+    interface = next((name for name, addrs in psutil.net_if_addrs().items()
+                      if any(a.address == local for a in addrs)), None)
+    stats = psutil.net_if_stats().get(interface) if interface is not None else None
+    if local.startswith("127.") or (stats is not None and "loopback" in getattr(stats, "flags", "")):
+        return None, "loopback"
+    if stats is None or not stats.speed:
+        return _UNKNOWN_LINK_BYTES_PER_S, f"interface {interface or '?'} reports no speed"
+    return stats.speed * 1e6 / 8 * _LINK_SHARE, f"{_LINK_SHARE:.0%} of {interface}'s {stats.speed} Mb/s"
+
+
 def _address_towards(addr: str) -> str:
     """This host's address on the route to ``addr`` (``host:port``): the one peers reach it at."""
     host, port = addr.rsplit(":", 1)
@@ -370,13 +403,14 @@ class NodeReplicas:
         master_addr: ``host:port`` of the job master (the server listens on this host's
             address towards it).
         interval_s: how often the puller looks for new snapshots.
-        max_bytes_per_s: the puller's bandwidth budget (``None``: unbounded).
+        mb_per_s: the puller's bandwidth budget (``Checkpoint.replica_mb_per_s``; ``None``:
+            from the link towards each source, :func:`replica_budget`).
     """
 
     def __init__(self, *, job_id: str, node_id: int, master_addr: str, interval_s: float = 0.1,
-                 max_bytes_per_s: float | None = None) -> None:
+                 mb_per_s: float | None = None) -> None:
         self.job_id, self.node_id = job_id, node_id
-        self.interval_s, self.max_bytes_per_s = interval_s, max_bytes_per_s
+        self.interval_s, self.mb_per_s = interval_s, mb_per_s
         self.store = ReplicaStore(job_id=job_id, node_id=node_id, agent=0)
         self.server = ReplicaServer(job_id=job_id, node_id=node_id, agent=0, store=self.store,
                                     host=_address_towards(master_addr))
@@ -446,8 +480,11 @@ class NodeReplicas:
             self._puller = None
         self._source = wanted
         if wanted is not None:
+            budget, why = replica_budget(address, self.mb_per_s)
+            log.info("replica_source", node_id=self.node_id, source=source, ranks=list(ranks),
+                     mb_per_s=None if budget is None else round(budget / 1e6, 1), budget=why)
             self._puller = ReplicaPuller(self.store, source_node=source, source_address=address, ranks=list(ranks),
-                                         interval_s=self.interval_s, max_bytes_per_s=self.max_bytes_per_s).start()
+                                         interval_s=self.interval_s, max_bytes_per_s=budget).start()
 
     def close(self) -> None:
         if self._puller is not None:

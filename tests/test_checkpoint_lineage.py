@@ -323,3 +323,28 @@ def test_the_saver_notices_a_segment_recreated_under_the_same_name(job_id, tmp_p
         new.close()
     finally:
         saver.stop(timeout_s=5)
+
+
+@pytest.mark.parametrize(("held", "source", "why"), [
+    # every rank holds step 22 in memory: from memory, nothing to explain
+    ({0: [[21, 1], [22, 1]], 1: [[22, 1]]}, "memory", ""),
+    # a first start of the round: nobody holds anything, storage with no reason to give
+    ({0: [], 1: []}, "storage", ""),
+    # a lost node's rank without a replica
+    ({0: [[21, 1], [22, 1]], 1: []}, "storage", "rank(s) 1 hold no snapshot in memory"),
+    # the replacement's replica (from its buddy) lags behind the survivor's two slots
+    ({0: [[24, 1], [25, 1]], 1: [[21, 1], [22, 1]]}, "storage", "no step is in every rank's memory (rank 0: [24, 25]; rank 1: [21, 22])"),
+    # memory older than the commit
+    ({0: [[15, 1]], 1: [[15, 1]]}, "storage", "the newest step in every rank's memory (15) is older than the committed step 20"),
+])
+def test_a_restore_from_storage_says_why_memory_could_not_serve(tmp_path, held, source, why):
+    """Issue 28: where ranks held snapshots but the restore reads storage, the decision says
+    why (``CheckpointCoordinator.restore_why``, the ``restore_decided`` event's ``why``,
+    ``FailureRecord.restored_why``)."""
+    _, c = committed_10_and_20(tmp_path)
+    events = []
+    c._event = lambda kind, **fields: events.append(fields)
+    answers = [plan(c, round_index=1, rank=r, memory=m) for r, m in held.items()]
+    assert answers[-1].source == source
+    assert why in c.restore_why and bool(why) == bool(c.restore_why), c.restore_why
+    assert events[-1].get("why", "") == c.restore_why

@@ -202,9 +202,27 @@ def test_a_lost_node_restores_from_its_buddys_memory_not_from_storage(tmp_path):
                    failure=Failure(max_restarts=2, stop_grace_s=2, heartbeat_timeout_s=3.0),
                    log_dir=str(tmp_path / "runs"))
 
+    def replica_step(job_id: str) -> int:
+        """The newest step of node 1's rank held in node 0's memory (-1: none yet)."""
+        steps = [-1]
+        for path in SHM_DIR.glob(f"dlrover-{job_id}-n0-*-x1-r1-s*"):
+            slot = SnapshotSlot.open(path.name, create=False)
+            if slot is None:
+                continue
+            try:
+                h = slot.header()
+                if h is not None and h.live:
+                    steps.append(h.step)
+            finally:
+                slot.close()
+        return max(steps)
+
     shm_before = shm_entries()
     run = job("lost", tmp_path / "lost.sha256").submit()
     wait_for(lambda: run.status().step >= 14, 90, "step 14")
+    # the machine dies while its buddy's replica is current: what this test is about (a buddy that
+    # lags more than the survivors' two slots cover, on a loaded machine, means storage)
+    wait_for(lambda: replica_step(run.job_id) >= run.status().step - 1, 30, "node 0's replica of rank 1 current")
     agent = psutil.Process(json.loads((Path(run.handle.log_dir) / "handle.json").read_text())["agents"]["node-1"])
     victims = [agent, *agent.children(recursive=True)]
     for p in victims:

@@ -104,6 +104,9 @@ class CheckpointCoordinator:
         self.persist_error: CheckpointErrorReport | None = None  # the newest failed shard write (not fatal)
         self.not_persisted: set[int] = set()  # steps whose shard write was given up on some rank
         self.last_persist_error: str | None = None
+        #: why the newest restore decision did not restore from memory ("" where it did, or
+        #: where no rank held a snapshot: a first start)
+        self.restore_why: str = ""
 
     # ----- lineage -------------------------------------------------------------------------
 
@@ -278,8 +281,10 @@ class CheckpointCoordinator:
         if decision.state == "ready":
             self._restored(round_index, -1 if decision.step is None else decision.step)
         held_by = {str(r): [s for s, _ in v] for r, v in sorted(reports.items())}
+        self.restore_why = "" if decision.source == "memory" else _memory_miss(reports, newest, self.latest)
         self._event(EventKind.RESTORE_DECIDED, round=round_index, world_size=world_size, committed=self.latest,
-                    held=held_by, source=decision.source, step=decision.step)
+                    held=held_by, source=decision.source, step=decision.step,
+                    **({"why": self.restore_why} if self.restore_why else {}))
         return decision
 
     def _storage_candidate(self, below: int | None = None) -> int | None:
@@ -374,3 +379,26 @@ class CheckpointCoordinator:
             # (journals of format 2 before typed messages kept the report's fields under "info")
             self.shard_done(decode(ShardReport, {**shard.get("info", {}), **{k: v for k, v in shard.items() if k != "info"}}))
 
+
+#: Ranks named one by one in :func:`_memory_miss` (a 10,000-rank world is summarised).
+_NAMED_RANKS = 8
+
+
+def _memory_miss(reports: dict[int, list[tuple[int, int]]], newest: tuple[int, int] | None,
+                 committed: int | None) -> str:
+    """Why a restore did not come from memory, in words (``""``: no rank held a snapshot, as
+    at a job's first start): ranks that hold none (a lost node whose buddy held no replica,
+    or ``replicas=0``), no step that every rank holds (a replica behind the survivors' two
+    slots), or memory older than the committed step."""
+    if not any(reports.values()):
+        return ""
+    empty = sorted(r for r, held in reports.items() if not held)
+    if empty:
+        named = ", ".join(map(str, empty[:_NAMED_RANKS])) + (f" and {len(empty) - _NAMED_RANKS} more"
+                                                               if len(empty) > _NAMED_RANKS else "")
+        return f"rank(s) {named} hold no snapshot in memory (a lost node without a replica, or replicas=0)"
+    if newest is None:
+        lines = [f"rank {r}: {sorted({s for s, _ in held})}" for r, held in sorted(reports.items())[:_NAMED_RANKS]]
+        more = f"; {len(reports) - _NAMED_RANKS} more ranks" if len(reports) > _NAMED_RANKS else ""
+        return f"no step is in every rank's memory ({'; '.join(lines)}{more}): a replica behind the others"
+    return f"the newest step in every rank's memory ({newest[0]}) is older than the committed step {committed}"

@@ -334,8 +334,9 @@ class JobMaster:
             self.event(EventKind.CHECKPOINT_BACKPRESSURE, step=record.step, waited_s=record.waited_s)
         elif record.type == "restore":
             self.event(EventKind.CHECKPOINT_RESTORED, step=record.step, source=record.source, load_s=record.load_s)
+            why = self.checkpoints.restore_why if self.checkpoints is not None and record.source == "storage" else ""
             self.book.failures = [
-                (attrs.evolve(f, restored_step=record.step, restored_from=record.source)
+                (attrs.evolve(f, restored_step=record.step, restored_from=record.source, restored_why=why)
                  if f.restored_step is None and counted else f, counted) for f, counted in self.failures]
 
     # ----- checkpoints -------------------------------------------------------------------

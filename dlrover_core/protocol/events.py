@@ -74,7 +74,8 @@ class EventKind(str, enum.Enum):
     #: ``fallback`` (the step tried instead, ``None``: none), ``storage``
     CHECKPOINT_DAMAGED = "checkpoint_damaged"
     #: the master decided where a round restores from: ``round``, ``world_size``,
-    #: ``committed``, ``held`` (rank -> steps in memory), ``source``, ``step``
+    #: ``committed``, ``held`` (rank -> steps in memory), ``source``, ``step``, and ``why`` where
+    #: ranks held snapshots but the restore is not from memory
     RESTORE_DECIDED = "restore_decided"
 
     # ----- the job

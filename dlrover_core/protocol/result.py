@@ -31,6 +31,9 @@ class FailureRecord:
         action: what was done, in words (``"restarted all workers (round 2)"``).
         restored_step: the step training resumed from after this failure (``None``: fresh).
         restored_from: ``"storage"``, ``"memory"`` or ``None``.
+        restored_why: where it resumed from storage although ranks held snapshots in
+            memory, why memory could not serve (``"no step is in every rank's memory ..."``);
+            ``""`` otherwise.
         kind: ``"signal"``, ``"exit"``, ``"exception"``, ``"hang"`` or ``"node_lost"``.
         detail: the failure in words (``"SIGKILL"``, ``"ValueError: ... at step 17"``).
         recovery: the path taken: ``"live"`` (the survivors went on, the failed workers were
@@ -57,6 +60,7 @@ class FailureRecord:
     action: str
     restored_step: int | None = None
     restored_from: str | None = None
+    restored_why: str = ""
     kind: str = "exit"
     detail: str = ""
     recovery: str = ""
@@ -200,7 +204,8 @@ class JobResult:
             how = f.detail or f.signal or f"exit code {f.exit_code}"
             restored = ""
             if f.restored_from:
-                restored = f"; resumed from step {f.restored_step} ({f.restored_from})"
+                why = f": {f.restored_why}" if f.restored_why else ""
+                restored = f"; resumed from step {f.restored_step} ({f.restored_from}{why})"
             when = f"step {f.step}" if f.step >= 0 else "before any reported step"
             cause = " [root cause]" if f.root_cause and len(self.failures) > 1 else ""
             lines.append(f"  failure at {f.time_s:.1f} s, {when}: {who} {how} → {f.action}{restored}{cause}")

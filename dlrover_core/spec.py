@@ -44,11 +44,11 @@ def _int_at_least(field: str, value: Any, low: int) -> None:
         raise JobSpecError(field, value, f"an integer >= {low}")
 
 
-def _positive_number(field: str, value: Any, *, allow_none: bool = False) -> None:
+def _positive_number(field: str, value: Any, *, allow_none: bool = False, unit: str = "seconds") -> None:
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise JobSpecError(field, value, "a number of seconds > 0" + (" or None" if allow_none else ""))
+        raise JobSpecError(field, value, f"a number of {unit} > 0" + (" or None" if allow_none else ""))
 
 
 def _args_tuple(value: Any) -> tuple[Any, ...]:
@@ -208,7 +208,8 @@ class Checkpoint:
     replica_mb_per_s: float | None = None
 
     def __attrs_post_init__(self) -> None:
-        _positive_number("checkpoint.replica_mb_per_s", self.replica_mb_per_s, allow_none=True)
+        _positive_number("checkpoint.replica_mb_per_s", self.replica_mb_per_s, allow_none=True,
+                         unit="MB per second")
         if self.replicas is not None and (isinstance(self.replicas, bool) or self.replicas not in (0, 1)):
             raise JobSpecError("checkpoint.replicas", self.replicas, "0, 1 or None (1 where there is more than one node)")
         if not isinstance(self.dir, str) or not self.dir:

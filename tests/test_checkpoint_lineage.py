@@ -38,8 +38,8 @@ def layout(step: int, value: float, rank: int = 0, world: int = 1):
     return build_layout({"state": {"w": torch.full((64,), value)}}, step=step, rank=rank, world_size=world)
 
 
-def coordinator(tmp_path):
-    return CheckpointCoordinator(PosixStorage(str(tmp_path)), keep_last=10, event=lambda *a, **k: None)
+def coordinator(tmp_path, event=lambda *a, **k: None):
+    return CheckpointCoordinator(PosixStorage(str(tmp_path)), keep_last=10, event=event)
 
 
 def shard(c, *, step, rank, round_index, file, world_size=2):
@@ -94,10 +94,10 @@ def test_a_restore_never_picks_snapshots_of_an_abandoned_lineage(tmp_path):
     assert (answers[1].source, answers[1].step, answers[1].snapshot_round) == ("memory", 11, 1)
 
 
-def committed_10_and_20(tmp_path) -> tuple[PosixStorage, CheckpointCoordinator]:
+def committed_10_and_20(tmp_path, event=lambda *a, **k: None) -> tuple[PosixStorage, CheckpointCoordinator]:
     """A storage and its coordinator with steps 10 and 20 committed by two ranks (round 0)."""
     storage = PosixStorage(str(tmp_path))
-    c = coordinator(tmp_path)
+    c = coordinator(tmp_path, event)
     for step in (10, 20):
         for r in (0, 1):
             storage.write_bytes(shard_path(step, r, 0), b"x")
@@ -341,9 +341,8 @@ def test_a_restore_from_storage_says_why_memory_could_not_serve(tmp_path, held, 
     """Issue 28: where ranks held snapshots but the restore reads storage, the decision says
     why (``CheckpointCoordinator.restore_why``, the ``restore_decided`` event's ``why``,
     ``FailureRecord.restored_why``)."""
-    _, c = committed_10_and_20(tmp_path)
     events = []
-    c._event = lambda kind, **fields: events.append(fields)
+    _, c = committed_10_and_20(tmp_path, lambda kind, **fields: events.append(fields))
     answers = [plan(c, round_index=1, rank=r, memory=m) for r, m in held.items()]
     assert answers[-1].source == source
     assert why in c.restore_why and bool(why) == bool(c.restore_why), c.restore_why

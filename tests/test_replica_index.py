@@ -8,7 +8,7 @@ import random
 import pytest
 
 from dlrover_core.master import replicas
-from dlrover_core.master.replicas import ReplicaIndex, replica_source
+from dlrover_core.master.replicas import ReplicaIndex, replica_sources
 
 
 def test_the_examples_hold():
@@ -24,7 +24,7 @@ def test_the_examples_hold():
     ([4], {4: "a"}, {4: None}),
 ])
 def test_each_node_keeps_replicas_of_another_node_across_hosts(members, hosts, sources):
-    assert {n: replica_source(n, members, hosts) for n in members} == sources
+    assert {n: replica_sources(members, hosts).get(n) for n in members} == sources
 
 
 @pytest.mark.parametrize("seed", range(50))
@@ -34,7 +34,7 @@ def test_placement_covers_every_node_once_across_hosts_seeded(seed):
     rng = random.Random(seed)
     members = sorted(rng.sample(range(40), rng.randint(2, 12)))
     hosts = {n: f"h{rng.randrange(rng.randint(1, 4))}" for n in members}
-    source = {n: replica_source(n, members, hosts) for n in members}
+    source = {n: replica_sources(members, hosts).get(n) for n in members}
     assert all(s is not None and s != n and s in members for n, s in source.items())
     kept_by: dict[int, list[int]] = {}
     for holder, src in source.items():
@@ -57,3 +57,12 @@ def test_the_index_points_a_node_at_the_newest_replica_of_each_rank_and_forgets_
     index.drop_holder(2)
     assert index.holders_for(0, [0]) == []
     assert index.held() == {(1, 0, 1): (8, 2)}
+
+
+def test_the_index_prefers_the_current_lineage_to_a_higher_step_of_an_abandoned_one():
+    """Round 2 went back to step 5: holder 1 still has rank 0's step 9 of round 1 (the
+    abandoned lineage), holder 2 the current lineage's step 7. The replica to fetch is 7."""
+    index = ReplicaIndex()
+    index.update(1, [(0, 0, 9, 1)])
+    index.update(2, [(0, 0, 7, 2)])
+    assert index.holders_for(0, [0]) == [(0, 0, 2)]

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-__all__ = ["ReplicaIndex", "replica_source", "replica_sources"]
+__all__ = ["ReplicaIndex", "replica_sources"]
 
 
 def replica_sources(members: Sequence[int], hosts: Mapping[int, str]) -> dict[int, int]:
@@ -43,11 +43,6 @@ def replica_sources(members: Sequence[int], hosts: Mapping[int, str]) -> dict[in
     if k >= len(order):
         k = 1
     return {n: order[(i - k) % len(order)] for i, n in enumerate(order)}
-
-
-def replica_source(node_id: int, members: Sequence[int], hosts: Mapping[int, str]) -> int | None:
-    """``node_id``'s source in :func:`replica_sources`; ``None`` alone (or not a member)."""
-    return replica_sources(members, hosts).get(node_id)
 
 
 class ReplicaIndex:
@@ -79,13 +74,16 @@ class ReplicaIndex:
                     ) -> list[tuple[int, int, int]]:
         """For each of ``ranks`` (the ranks ``node_id`` runs), where its newest replica is:
         ``(rank, the node whose rank it was, holder)``; ranks without one are left out.
-        ``usable(holder)``: whether that holder can be asked (not gone)."""
+        Newest as the agents rank their slots: a later round's first (after a restore to an
+        older step, the replica of the abandoned lineage may still carry a higher step), then
+        the step. ``usable(holder)``: whether that holder can be asked (not gone)."""
         out = []
         for rank in ranks:
-            best = max(((step, src, holder) for holder, (step, _, src) in self._by_rank.get(rank, {}).items()
+            best = max(((round_index, step, src, holder)
+                        for holder, (step, round_index, src) in self._by_rank.get(rank, {}).items()
                         if holder != node_id and usable(holder)), default=None)
             if best is not None:
-                out.append((rank, best[1], best[2]))
+                out.append((rank, best[2], best[3]))
         return out
 
     def held(self) -> dict[tuple[int, int, int], tuple[int, int]]:

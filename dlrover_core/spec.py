@@ -253,10 +253,12 @@ class Failure:
         collective_timeout_s: timeout of the worker process group's collectives.
         warm_restart: keep standby processes per node that have already imported torch and
             turn them into workers, so a (re)started worker skips that (about a second).
-        live_recovery: when a worker or node fails and the training state is replicated
-            (``ddp``; a script that loops with ``train.steps()``), the surviving workers keep
-            training in a smaller process group and the replacement rejoins with their live
-            state (docs/design.md §5a); otherwise, or with ``False``, every worker restarts from a
+        live_recovery: when a worker or node fails (a script that loops with
+            ``train.steps()``), the surviving workers keep their processes: with replicated
+            state (``ddp``) they train on in a smaller process group and the replacement
+            rejoins with their live state; with sharded state (``fsdp``, ``mesh``) they wait
+            for a replacement that takes the dead rank's place and loads its shard from
+            memory (docs/design.md §5a); with ``False``, every worker restarts from a
             checkpoint. Which path ran, and why, is in the log and the ``JobResult``; whether
             a job can recover live at all is :attr:`JobSpec.live_blocker`.
     """
@@ -550,18 +552,29 @@ class JobSpec:
     @property
     def live_blocker(self) -> str:
         """Why this job's failures restart every worker instead of being recovered live
-        (docs/design.md §5a); ``""``: the survivors can go on and a replacement rejoins with
-        their state. The one place this is decided: the master, the agents and the workers
-        read it here. It is ``"failure.live_recovery=False"``, or names the first parallel
-        strategy that does not keep the training state replicated
-        (:meth:`Parallel.first_unreplicated`)."""
+        (docs/design.md §5a); ``""``: the survivors go on and a replacement rejoins. The one
+        place this is decided: the master, the agents and the workers read it here. It is
+        ``"failure.live_recovery=False"``, or, for a job whose state is sharded
+        (:attr:`live_sharded`), that memory snapshots are off: a replacement takes its
+        shard from its node's shared memory, never from a peer."""
         if not self.failure.live_recovery:
             return "failure.live_recovery=False"
-        name = self.parallel.first_unreplicated() if self.parallel is not None else None
-        if name is not None:
-            return (f"parallel strategy {name!r} shards the training state, so no live peer holds a "
-                    "failed worker's part; every worker restarts from a checkpoint")
+        if self.live_sharded and self.checkpoint.memory_every_steps == 0:
+            name = self.parallel.first_unreplicated() if self.parallel is not None else None
+            return (f"parallel strategy {name!r} shards the training state and checkpoint.memory_every_steps=0: "
+                    "a replacement's shard comes from its memory snapshot, so every worker restarts from storage")
         return ""
+
+    @property
+    def live_sharded(self) -> bool:
+        """Whether the live world of this job keeps its size: a parallel strategy shards the
+        training state (:meth:`Parallel.first_unreplicated`), so no peer holds a dead rank's
+        part. The survivors keep their processes and wait for a replacement that takes the
+        dead rank's place (rank and shard) and loads its shard from memory; every member
+        resumes after the newest step each of them can restore. ``False``: the state is
+        replicated, the survivors train on in a smaller world and a replacement catches up
+        from a peer."""
+        return self.parallel is not None and self.parallel.first_unreplicated() is not None
 
     # ----- serialization ---------------------------------------------------------------
 

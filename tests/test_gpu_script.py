@@ -185,7 +185,7 @@ def test_a_part_stopped_by_timeout_keeps_its_json_and_is_reported_failed(tmp_pat
     """))
     out = tmp_path / "out"
     (out / "logs").mkdir(parents=True)
-    proc = subprocess.run(["timeout", "-k", "5", "3", sys.executable, str(slow), "--device", "cpu",
+    proc = subprocess.run(["timeout", "-k", "5", "10", sys.executable, str(slow), "--device", "cpu",
                            "--out", str(out / "slow.json")], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 124, proc.stdout + proc.stderr
     data = json.loads((out / "slow.json").read_text())

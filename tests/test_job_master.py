@@ -279,15 +279,18 @@ def test_without_train_steps_every_worker_restarts_and_the_record_says_why(workd
     assert m.required_round == 1
 
 
-def test_live_recovery_off_or_sharded_state_restarts_every_worker(workdir):
+def test_live_recovery_off_or_sharded_state_without_memory_restarts_every_worker(workdir):
     m = live_master(workdir, live_recovery=False)
     assert m.live is None and m.live_why == "failure.live_recovery=False"
     (workdir / "t.py").write_text("")
-    from dlrover_core import Parallel
+    from dlrover_core import Checkpoint, Parallel
 
     job = Job(name="m", entrypoint="t.py", nodes=2, parallel=Parallel(["fsdp"]))
     sharded = JobMaster(job, "job-2", store_host="h", store_factory=lambda: (1, FakeStore()), clock=Clock())
-    assert "'fsdp' shards the training state" in sharded.live_why
+    assert sharded.live_why == "" and sharded.livework.sharded
+    job = Job(name="m", entrypoint="t.py", nodes=2, parallel=Parallel(["fsdp"]), checkpoint=Checkpoint(memory_every_steps=0))
+    sharded = JobMaster(job, "job-4", store_host="h", store_factory=lambda: (1, FakeStore()), clock=Clock())
+    assert "'fsdp' shards the training state and checkpoint.memory_every_steps=0" in sharded.live_why
     replicated = Job(name="m", entrypoint="t.py", nodes=2, parallel=Parallel([("checkpoint", {"wrap_class": "Block"}), "ddp", "amp"]))
     assert JobMaster(replicated, "job-3", store_host="h", store_factory=lambda: (1, FakeStore()),
                      clock=Clock()).live_why == ""

@@ -20,8 +20,9 @@ from dlrover_core.testing import register_plugin
 from dlrover_core.train import context
 from dlrover_core.validation import declare_replicated
 
-SHARDS = ("parallel strategy {!r} shards the training state, so no live peer holds a failed worker's part; every "
-          "worker restarts from a checkpoint")
+SHARDS = "sharded"  # live, in a world that keeps its size (JobSpec.live_sharded)
+NO_MEMORY = ("parallel strategy 'fsdp' shards the training state and checkpoint.memory_every_steps=0: a replacement's "
+             "shard comes from its memory snapshot, so every worker restarts from storage")
 BLOCK = {"wrap_class": "Block"}
 
 
@@ -51,20 +52,33 @@ def job(script, strategies=None, *, live_recovery=True, replicated=None) -> Job:
     (None, True, None, ""),
     (["ddp"], True, None, ""),
     ([("checkpoint", BLOCK), "ddp", "amp", "compile"], True, None, ""),
-    (["fsdp"], True, None, SHARDS.format("fsdp")),
-    (["auto"], True, None, SHARDS.format("auto")),
-    ([("mesh", [("data", 2)]), "ddp"], True, None, SHARDS.format("mesh")),
+    (["fsdp"], True, None, SHARDS),
+    (["auto"], True, None, SHARDS),
+    ([("mesh", [("data", 2)]), "ddp"], True, None, SHARDS),
     (["ddp", "amp"], False, None, "failure.live_recovery=False"),
     (["fsdp"], False, None, "failure.live_recovery=False"),
-    (["ddp", "tag"], True, None, SHARDS.format("tag")),  # not resolved: a plugin's strategy counts as sharding
+    (["ddp", "tag"], True, None, SHARDS),  # not resolved: a plugin's strategy counts as sharding
     (["ddp", "tag"], True, ["ddp", "tag"], ""),  # resolved: its plugin declared it replicated
-    (["ddp", "amp"], True, ["amp"], SHARDS.format("ddp")),  # resolved: the registry's word wins
+    (["ddp", "amp"], True, ["amp"], SHARDS),  # resolved: the registry's word wins
 ])
 def test_the_live_switch_is_the_specs_answer(script, strategies, live_recovery, replicated, reason):
-    """Failures are recovered live only with ``Failure(live_recovery=True)`` and every
-    strategy keeping the state replicated; otherwise the reason names the first obstacle."""
+    """Failures are recovered live with ``Failure(live_recovery=True)``: in a smaller world
+    when every strategy keeps the state replicated, in a world that keeps its size
+    (``live_sharded``) when one shards it; otherwise the reason names the obstacle."""
     spec = job(script, strategies, live_recovery=live_recovery, replicated=replicated)
-    assert spec.live_blocker == reason
+    assert spec.live_blocker == ("" if reason == SHARDS else reason)
+    assert spec.live_sharded == (reason == SHARDS or (strategies is not None and "fsdp" in strategies
+                                                        and not live_recovery))
+
+
+def test_sharded_state_without_memory_snapshots_restarts_every_worker(script):
+    """A replacement's shard comes from its node's memory: with memory snapshots off, the
+    blocker says so and names the setting."""
+    from dlrover_core import Checkpoint
+
+    spec = Job(name="live", entrypoint=script, nodes=2, parallel=Parallel(["fsdp"]),
+               checkpoint=Checkpoint(memory_every_steps=0))
+    assert spec.live_sharded and spec.live_blocker == NO_MEMORY
 
 
 def test_the_built_ins_register_what_the_spec_knows_of_them():
@@ -78,23 +92,23 @@ def test_the_built_ins_register_what_the_spec_knows_of_them():
     assert first_unreplicated(["ddp", "amp"]) is None and first_unreplicated(["amp", "fsdp", "mesh"]) == "fsdp"
 
 
-@pytest.mark.parametrize(("strategies", "replicated", "reason"), [
-    (["ddp", "replica"], ("ddp", "replica"), ""),
-    (["ddp", "plain"], ("ddp",), SHARDS.format("plain")),
-    (["fsdp", "replica"], ("replica",), SHARDS.format("fsdp")),
+@pytest.mark.parametrize(("strategies", "replicated", "sharded"), [
+    (["ddp", "replica"], ("ddp", "replica"), False),
+    (["ddp", "plain"], ("ddp",), True),
+    (["fsdp", "replica"], ("replica",), True),
 ])
-def test_a_plugins_declaration_reaches_the_spec_as_data(script, strategies, replicated, reason):
+def test_a_plugins_declaration_reaches_the_spec_as_data(script, strategies, replicated, sharded):
     """Where plugins are loaded (``Job.dryrun()``, ``submit()``, ``run()``) each strategy's
     declaration is copied into ``Parallel.replicated``; a strategy that did not say is taken
     not to keep the state replicated. The processes decode it with the spec."""
     with register_plugin(StrategyPlugin(), name="strategies"):
         resolved = declare_replicated(job(script, strategies))
-        assert resolved.parallel.replicated == replicated and resolved.live_blocker == reason
+        assert resolved.parallel.replicated == replicated and resolved.live_sharded == sharded
         plan = job(script, strategies).dryrun()
     assert plan.job.parallel.replicated == replicated
     master = next(p for p in plan.processes if p.role == "master")
     decoded = JobSpec.from_dict(json.loads(master.env[env_names.JOB_SPEC]))
-    assert decoded.parallel.replicated == replicated and decoded.live_blocker == reason
+    assert decoded.parallel.replicated == replicated and decoded.live_sharded == sharded
 
 
 def test_a_job_without_strategies_or_with_unknown_names_resolves_without_error(script):

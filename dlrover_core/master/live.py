@@ -38,7 +38,7 @@ from dlrover_core.master.decisions import LiveAnswer
 from dlrover_core.protocol.events import EventKind
 from dlrover_core.protocol.messages import LiveAssignment, LiveReform, WorkerFailure
 
-__all__ = ["LiveRecovery", "LiveWorld", "Slot", "Transition"]
+__all__ = ["LiveRecovery", "LiveWorld", "Slot", "Transition", "resume_step"]
 
 log = get_logger()
 
@@ -68,6 +68,9 @@ class LiveWorld:
         clock: the master's clock (seconds).
         straggler_timeout_s: how long a forming generation waits for a member that neither
             asked nor is known dead.
+        sharded: the training state is sharded (``JobSpec.live_sharded``): the world keeps
+            its size and forms again only whole, at a common resume step
+            (:meth:`_try_form_whole`).
     """
 
     def __init__(
@@ -80,8 +83,10 @@ class LiveWorld:
         set_key: Callable[[str], None],
         clock: Callable[[], float],
         straggler_timeout_s: float,
+        sharded: bool = False,
     ) -> None:
         self.round = round_index
+        self.sharded = sharded
         self.generation = 0
         self.members: list[Slot] = list(members)
         self.store_host, self.store_port = store_host, store_port
@@ -99,6 +104,7 @@ class LiveWorld:
         self.closed = ""  # why the live world ended (the round restarts every worker)
         self.transitions: list[Transition] = []
         self._placed: dict[Slot, tuple[int, LiveAssignment]] = {}  # slot -> (pid, its newest assignment)
+        self.resume_step: int | None = None  # a sharded world: the step its last generation resumed after
 
     # ----- what the master asks ------------------------------------------------------------
 
@@ -211,6 +217,8 @@ class LiveWorld:
         elif self.forming_since is None:
             self.forming_since = now
         self._try_form()
+        if self.closed:  # (a sharded world that cannot form again)
+            return LiveAssignment(state="restart", reason=self.closed)
         placed = self._placed.get(slot)
         if placed is not None and placed[0] == message.pid and placed[1].generation > message.generation:
             return placed[1]
@@ -231,10 +239,52 @@ class LiveWorld:
         return LiveAssignment(
             state="ready", generation=self.generation, rank=self.members.index(slot), world_size=len(self.members),
             store_host=self.store_host, store_port=self.store_port, prefix=f"live/{self.generation}/",
-            grow_key=self.grow_key(self.generation))
+            grow_key=self.grow_key(self.generation), resume_step=self.resume_step)
+
+    def _try_form_whole(self) -> None:
+        """A sharded world forms again only whole: every slot of the running generation,
+        each survivor and a replacement in each dead one (same rank, same shard), at the
+        newest step every one of them can resume from (:func:`resume_step`). A survivor
+        that does not ask within ``straggler_timeout_s`` cannot be left out (nobody else
+        holds its shard), nor can a step be found that every rank holds: the world closes
+        and every worker restarts."""
+        now = self._clock()
+        if self.forming_since is None:
+            self.forming_since = now
+        opened = self.forming_since
+        missing = [m for m in self.members if m not in self.arrived]
+        late = [m for m in self.survivors() if m not in self.arrived]
+        if late and now - opened >= self.straggler_timeout_s and any(m in self.arrived for m in self.survivors()):
+            self.close(f"{_slots(late)} of a sharded world did not ask to re-form within {self.straggler_timeout_s:g} s; "
+                       "nobody else holds their shards")
+            return
+        if missing or not any(m.replica for m in self.arrived.values()):
+            return
+        step, why = resume_step(self.arrived)
+        if step is None:
+            self.close(why)
+            log.warning("live_resume_impossible", round=self.round, generation=self.generation, reason=why)
+            return
+        pids = {s: self.arrived[s].pid for s in self.members}
+        reasons = {m.reason for m in self.arrived.values()}
+        self.generation += 1
+        self.resume_step = step
+        self.ready = set(self.members)
+        self.holders = {s for s in self.members if self.arrived[s].replica}
+        self.dead, self.arrived, self.forming_since = {}, {}, None
+        for s in self.members:
+            self._placed[s] = (pids[s], self._assignment(s))
+        reason = "error" if "error" in reasons else "grow"
+        self.transitions.append(Transition(generation=self.generation, world_size=len(self.members), reason=reason,
+                                           time=now, opened=opened))
+        log.info("live_generation_formed", round=self.round, generation=self.generation,
+                 world_size=len(self.members), reason=reason, wait_s=round(now - opened, 4), resume_step=step)
 
     def _try_form(self) -> None:
         if self.closed or not self.arrived:
+            return
+        if self.sharded:
+            self._try_form_whole()
             return
         survivors = self.survivors()
         came = [m for m in survivors if m in self.arrived]
@@ -269,6 +319,35 @@ class LiveWorld:
                  reason=reason, wait_s=round(now - opened, 4))
 
 
+def resume_step(asked: dict[Slot, LiveReform]) -> tuple[int | None, str]:
+    """The newest step every member of a sharded world can resume after, and ``""``; or
+    ``None`` and why there is none.
+
+    A member holding the training state can resume after the step it applied (its state is
+    there) or after any step of its memory snapshots (it goes back in place: its two slots
+    hold its last two snapshots); a replacement only after a step of its node's snapshots
+    of its rank. Resuming at the newest such step recomputes the fewest steps (none when
+    every rank's snapshot is as new as the survivors' state)."""
+    options: dict[Slot, set[int]] = {}
+    for slot, m in asked.items():
+        steps = set(m.memory_steps)
+        if m.replica and m.step >= 0:
+            steps.add(m.step)
+        if m.replica and m.step < 0 and not steps:
+            steps.add(-1)  # nothing trained yet: a fresh start is a state too
+        options[slot] = steps
+    common = set.intersection(*options.values()) if options else set()
+    if common:
+        return max(common), ""
+    bare = sorted(s for s, steps in options.items() if not steps)
+    if bare:
+        return None, (f"{_slots(bare)} of a sharded world {'has' if len(bare) == 1 else 'have'} no snapshot in memory "
+                      "to resume from; every worker restarts from a checkpoint")
+    held = "; ".join(f"node {n} local rank {lr}: {sorted(v)[-3:]}" for (n, lr), v in sorted(options.items())[:4])
+    return None, (f"no step that every rank of a sharded world can resume after ({held}); "
+                  "every worker restarts from a checkpoint")
+
+
 class LiveRecovery:
     """The live world of the running round, as the job master uses it.
 
@@ -278,12 +357,13 @@ class LiveRecovery:
         store_host: where workers reach the rounds' stores.
         clock: the master's clock (seconds).
         event: the master's event sink (``kind, **data``: logged and kept in events.jsonl).
-        straggler_timeout_s: see :class:`LiveWorld`.
+        straggler_timeout_s, sharded: see :class:`LiveWorld`.
     """
 
     def __init__(self, *, why_not: str, store_host: str, clock: Callable[[], float],
-                 event: Callable[..., None], straggler_timeout_s: float) -> None:
+                 event: Callable[..., None], straggler_timeout_s: float, sharded: bool = False) -> None:
         self.why_not = why_not
+        self.sharded = sharded
         self.world: LiveWorld | None = None
         self._store_host = store_host
         self._clock = clock
@@ -305,7 +385,7 @@ class LiveRecovery:
             return
         self.world = LiveWorld(round_index=round_index, members=list(members), store_host=self._store_host,
                                store_port=port, set_key=lambda key: store.set(key, "1"), clock=self._clock,
-                               straggler_timeout_s=self._straggler_timeout_s)
+                               straggler_timeout_s=self._straggler_timeout_s, sharded=self.sharded)
 
     def close(self, why: str) -> None:
         """Every worker restarts: the live world answers ``restart`` from now on."""

@@ -161,7 +161,10 @@ class Rounds:
             state=PollState.READY, round=rnd.index, node_rank=node_rank, num_nodes=len(rnd.node_ids),
             rank_offset=offset, nproc=nproc, world_size=world_size, store_host=ctx.store_host,
             store_port=self.stores[rnd.index][0], restart_count=ctx.book.restarts,
-            max_restarts=ctx.job.failure.max_restarts, live_join=True)
+            max_restarts=ctx.job.failure.max_restarts, live_join=True,
+            # a sharded world's replacements load their shards from memory: fetched first from
+            # the buddy that kept replicas of this node's ranks
+            **(self._replica_fields(node, rnd) if node.node_id in rnd else {}))
 
     # ----- forming -------------------------------------------------------------------------
 

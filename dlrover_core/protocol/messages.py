@@ -722,6 +722,9 @@ class LiveReform:
         error: with ``error``: the collective's error message.
         replica: it holds the training state (``False``: a replacement that has not caught
             up yet; a generation forms only with a replica in it).
+        memory_steps: the steps of this rank's complete snapshots in its node's shared
+            memory (a sharded job's world agrees on the newest step every rank can resume
+            from: its applied step, or one of these).
     """
 
     node_id: int
@@ -733,6 +736,7 @@ class LiveReform:
     reason: str = "error"
     error: str = ""
     replica: bool = True
+    memory_steps: tuple[int, ...] = ()
 
 
 @attrs.frozen(kw_only=True)
@@ -751,6 +755,11 @@ class LiveAssignment:
         grow_key: the key (under no prefix) that the master sets when a replacement waits
             to join this generation: the workers end it at the next step boundary.
         reason: why (``restart``, ``stop``).
+        resume_step: in a sharded job's world (which keeps its size: a replacement takes
+            the dead rank's place and shard), the step every member resumes after: a member
+            whose applied step is newer goes back to it from its own memory snapshot, a
+            replacement loads it from its node's (``None``: a replicated world, which
+            catches up by broadcast).
     """
 
     state: str
@@ -762,6 +771,7 @@ class LiveAssignment:
     prefix: str = ""
     grow_key: str = ""
     reason: str = ""
+    resume_step: int | None = None
 
 
 # ----- the endpoint table -------------------------------------------------------------------------

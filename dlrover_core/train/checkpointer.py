@@ -47,6 +47,7 @@ import json
 import os
 import time
 import warnings
+import weakref
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -67,6 +68,7 @@ from dlrover_core.checkpoint.layout import (
     tensor_views,
 )
 from dlrover_core.checkpoint.memory import (
+    SLOTS,
     MemorySnapshots,
     ShmTooSmall,
     prefault_for_restore,
@@ -75,6 +77,7 @@ from dlrover_core.checkpoint.memory import (
 )
 from dlrover_core.checkpoint.rng import get_rng_state, set_rng_state
 from dlrover_core.checkpoint.saver import shard_path, step_dir
+from dlrover_core.checkpoint.shm import SHM_DIR, segment_name
 from dlrover_core.errors import CheckpointError
 from dlrover_core.logging import get_logger
 from dlrover_core.plugins import get_host
@@ -91,6 +94,7 @@ from dlrover_core.spec import Checkpoint
 from dlrover_core.storage.base import CheckpointStorage
 from dlrover_core.train.context import current_job, is_joiner, is_live, worker_info
 from dlrover_core.train.progress import get_writer
+from dlrover_core.train.reform import joined
 from dlrover_core.train.restore import reshard, restore_tree, shards_differ, without_rng
 
 __all__ = ["Checkpointer", "Restored"]
@@ -171,6 +175,24 @@ def _snapshot_place(rank: int) -> dict[str, Any]:
             "round_index": int(os.environ.get(env.ROUND, "0"))}
 
 
+def held_memory_steps(rank: int, world_size: int) -> list[int]:
+    """Steps of ``rank``'s complete snapshots in this node's shared memory (what a sharded
+    job's replacement can resume from), without creating a segment; empty where memory
+    snapshots are off or none was taken."""
+    job = current_job()
+    if not _started_by_agent() or (job is not None and job.checkpoint.memory_every_steps == 0):
+        return []
+    place = _snapshot_place(rank)
+    names = [segment_name(place["job_id"], place["node_id"], rank, s, place["agent"]) for s in range(SLOTS)]
+    if not all((SHM_DIR / name).exists() for name in names):
+        return []
+    snapshots = MemorySnapshots(**place)
+    try:
+        return snapshots.held_steps(world_size)
+    finally:
+        snapshots.close()
+
+
 def prefault_restore(rank: int) -> None:
     """Called by ``train.init()``: a restarted worker's snapshots in /dev/shm are mapped now and
     their pages faulted in while the script builds its model, off the clock of its first
@@ -183,6 +205,14 @@ def prefault_restore(rank: int) -> None:
         prefault_for_restore(**_snapshot_place(rank))
     except Exception as exc:  # an optimisation only: the restore maps them itself
         log.debug("checkpoint_prefault_failed", rank=rank, error=f"{type(exc).__name__}: {exc}")
+
+
+_active: weakref.ref[Checkpointer] | None = None
+
+
+def active_checkpointer() -> Checkpointer | None:
+    """The Checkpointer this process made last (``None``: none, or it was dropped)."""
+    return _active() if _active is not None else None
 
 
 class Checkpointer:
@@ -228,6 +258,9 @@ class Checkpointer:
         self._memory: MemorySnapshots | None = None
         self._memory_off_reason: str | None = None
         self._layout_plan: LayoutPlan | None = None  # the last save's layout plan (see build_layout)
+        self._saved_state: dict[str, Any] | None = None  # what the last save() saved (go_back's targets)
+        global _active
+        _active = weakref.ref(self)
         if self.config.memory_every_steps == 0:
             self._memory_off_reason = "checkpoint.memory_every_steps is 0"
             release_prefaulted()
@@ -270,6 +303,41 @@ class Checkpointer:
         snapshots = self._snapshots(rank)
         return snapshots.held_steps(world_size) if snapshots is not None else []
 
+    def go_back(self, step: int, *, rng_only: bool = False) -> None:
+        """Put the state the last :meth:`save` saved back to this rank's memory snapshot of
+        ``step``, in place, RNG states included (``rng_only``: only those: the state is at
+        ``step`` already, but a step interrupted after it drew random numbers). A sharded
+        job's live world does this on a member whose applied step is newer than the one
+        every rank can resume after (:class:`~dlrover_core.protocol.messages.LiveAssignment`).
+
+        Raises:
+            CheckpointError: no complete snapshot of ``step`` in this rank's memory, or no
+                state saved yet.
+        """
+        rank, world_size = _rank_world()
+        snapshots = self._snapshots(rank)
+        if snapshots is None or self._saved_state is None:
+            raise CheckpointError(f"cannot go back to step {step}: "
+                                  f"{self._memory_off_reason or 'no state was saved by this Checkpointer'}")
+        t0 = time.monotonic()
+        try:
+            with snapshots.read(step, world_size) as (views, metadata):
+                tree = json.loads(metadata[TREE_KEY])
+                if rng_only:
+                    restored = restore_tree(tree, views, None, copy=True)
+                else:
+                    restored = restore_tree(tree, views, self._saved_state, copy=True)
+        except LookupError as exc:
+            raise CheckpointError(f"rank {rank} holds no complete snapshot of step {step} in memory") from exc
+        if not rng_only:
+            snapshots.forget_after(step)
+        rng = restored.get("rng")
+        if rng is not None:
+            set_rng_state(rng)
+        self.restored_step = step
+        log.info("checkpoint_went_back", rank=rank, step=step, rng_only=rng_only,
+                 load_s=round(time.monotonic() - t0, 4))
+
     # ----- save ------------------------------------------------------------------------
 
     def persist_due(self, step: int) -> bool:
@@ -305,6 +373,7 @@ class Checkpointer:
                 f"(for step in range(restored.step + 1, steps)), or these steps are trained twice")
         t0 = time.monotonic()
         rank, world_size = _rank_world()
+        self._saved_state = state
         with _gc_paused():
             layout = build_layout({"state": state, "rng": get_rng_state()}, step=step, rank=rank,
                                   world_size=world_size, plan=self._layout_plan)
@@ -454,12 +523,19 @@ class Checkpointer:
             CheckpointError: no committed step is intact, or the checkpoint lacks a key of
                 ``state``.
         """
-        if is_live() and is_joiner():  # its state comes from a live peer, in train.steps()
+        sharded_join = joined()
+        if is_live() and is_joiner() and sharded_join is None:  # its state comes from a live peer, in train.steps()
             log.info("checkpoint_load_skipped", reason="a replacement joins the running world with its peers' state")
             return None
         t0 = time.monotonic()
         rank, world_size = _rank_world()
-        plan = self._plan(rank, world_size)
+        if sharded_join is not None:  # a sharded job's replacement: its shard of the step its peers resume after
+            plan = RestoreDecision(state="ready", source="memory" if sharded_join.resume_step >= 0 else "fresh",
+                                   step=sharded_join.resume_step if sharded_join.resume_step >= 0 else None,
+                                   snapshot_round=None)
+            self._snapshots(rank)  # (maps the slots: memory may not be on the plan's path below otherwise)
+        else:
+            plan = self._plan(rank, world_size)
         source, step = plan.source, plan.step
         if source == "fresh" or step is None:
             log.info("checkpoint_fresh_start", rank=rank, dir=self.storage.url)

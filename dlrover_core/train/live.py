@@ -50,25 +50,22 @@ import attrs
 
 from dlrover_core import env
 from dlrover_core.checkpoint.memory import release_prefaulted
-from dlrover_core.errors import DLRoverError, MasterUnavailableError
+from dlrover_core.errors import DLRoverError
 from dlrover_core.logging import get_logger
 from dlrover_core.parallel.ddp import replicated_modules
 from dlrover_core.protocol.client import MasterClient
 from dlrover_core.protocol.messages import LiveAssignment, LiveReform
 from dlrover_core.protocol.progress import DoneRecord, LiveReadyRecord, LiveRecord
-from dlrover_core.train import process_group
-from dlrover_core.train.context import is_joiner, is_live, worker_info
+from dlrover_core.train import process_group, reconfigurable
+from dlrover_core.train.checkpointer import active_checkpointer
+from dlrover_core.train.context import current_job, is_joiner, is_live, worker_info
 from dlrover_core.train.progress import get_writer
+from dlrover_core.train.reform import LiveRecoveryError, ask, joined
 
 __all__ = ["LiveRecoveryError", "Step", "is_live", "steps"]
 
 log = get_logger()
 
-#: How often a worker asks the master again while its generation forms: first after
-#: ``_POLL_S``, then each wait 1.5 times longer up to ``_POLL_MAX_S`` (seconds), so that a
-#: re-form of thousands of workers does not flood the master.
-_POLL_S = 0.005
-_POLL_MAX_S = 0.1
 #: How long forming a generation's process group may wait for its members (seconds): they
 #: all asked a moment ago, so one that does not come died meanwhile. (Gloo waits 5 times this
 #: for a member that died halfway through connecting; below about 2 s it aborts the process.)
@@ -96,13 +93,6 @@ _ABORT_EVERY = 4
 #: Substrings of the errors gloo and NCCL raise when a peer died or the group was aborted.
 _COLLECTIVE_ERRORS = ("gloo", "nccl", "connection", "closed by peer", "reset by peer", "broken pipe",
                       "timed out", "aborted", "process group", "processgroup", "socket")
-
-
-class LiveRecoveryError(DLRoverError):
-    """The job master cannot be reached while the world re-forms, or the training state
-    cannot be sent to a replacement (a ``state_dict()`` value that ``pickle`` refuses: the
-    message names it). A worker whose world cannot go on live — every worker restarts, or
-    the job ended — exits quietly instead: its agent stops it anyway."""
 
 
 def is_collective_error(exc: BaseException) -> bool:
@@ -190,6 +180,8 @@ class _Loop:
         self.rank, self.world_size = info.rank, info.world_size
         self.generation = 0
         self.live = is_live()
+        job = current_job()
+        self.sharded = self.live and job is not None and job.live_sharded  # the world keeps its size
         self.replica = not is_joiner()  # holds the training state (a replacement: once caught up)
         self.grow_key = "live/grow/0"
         self._positions: dict[str, Any] = {}
@@ -265,7 +257,7 @@ class _Loop:
         if exc is None or not self.live or not isinstance(exc, Exception) or not is_collective_error(exc):
             return False
         self._failed, self._failed_why = True, str(exc)
-        _abort_group()  # now: peers blocked on this worker fail at once
+        _abort_group(self.sharded)  # now: peers blocked on this worker fail at once
         if self.applied < int(step):  # the update was not applied here: take this step's data back
             _restore_positions(self.state, self._positions)
         return True
@@ -278,30 +270,26 @@ class _Loop:
         return self._client
 
     def _ask(self, reason: str, error: str = "") -> LiveAssignment:
+        memory_steps = tuple(self._memory_steps()) if self.sharded and reason in ("error", "grow") else ()
         message = LiveReform(node_id=self._node_id, local_rank=self._local_rank, pid=os.getpid(), round=self._round,
                              generation=self.generation if reason != "join" else -1, step=self.applied,
-                             reason=reason, error=error[:500], replica=self.replica)
-        wait_s = _POLL_S
-        while True:
-            try:
-                answer = self._master().live_reform(message)
-            except MasterUnavailableError as exc:
-                raise LiveRecoveryError(f"the job master is unreachable: {exc}") from exc
-            if answer.state == "ready":
-                return answer
-            if answer.state == "finished":  # a replacement: the others finished the last step
-                log.info("live_join_not_needed", node_id=self._node_id, local_rank=self._local_rank,
-                         reason=answer.reason)
-                raise SystemExit(0)
-            if answer.state in ("restart", "stop"):
-                if reason == "ready":  # this job's failures restart every worker: a plain loop then
-                    return answer
-                # every worker restarts (or the job ended): the agent stops this process anyway;
-                # exit quietly, no exception record (it is not this script's error)
-                log.warning("live_recovery_ended", state=answer.state, reason=answer.reason, rank=self.rank)
-                raise SystemExit(1)
-            time.sleep(wait_s)
-            wait_s = min(_POLL_MAX_S, wait_s * 1.5)
+                             reason=reason, error=error[:500], replica=self.replica, memory_steps=memory_steps)
+        answer = ask(self._master(), message)
+        if answer.state == "finished":  # a replacement: the others finished the last step
+            log.info("live_join_not_needed", node_id=self._node_id, local_rank=self._local_rank,
+                     reason=answer.reason)
+            raise SystemExit(0)
+        if answer.state in ("restart", "stop") and reason != "ready":
+            # every worker restarts (or the job ended): the agent stops this process anyway;
+            # exit quietly, no exception record (it is not this script's error)
+            log.warning("live_recovery_ended", state=answer.state, reason=answer.reason, rank=self.rank)
+            raise SystemExit(1)
+        return answer  # ready; or, asked with "ready", restart: this job's failures restart every worker
+
+    def _memory_steps(self) -> list[int]:
+        """Steps of this rank's complete snapshots in memory (what it can go back to)."""
+        ckpt = active_checkpointer()
+        return ckpt.memory_steps() if ckpt is not None else []
 
     def _tell_done(self) -> None:
         """The last step is done: the agent's hang watcher leaves this worker be while it
@@ -322,7 +310,9 @@ class _Loop:
             self._master().live_reform(message)
 
     def _start(self) -> None:
-        if is_joiner():
+        if is_joiner() and self.sharded:
+            self._start_joined()
+        elif is_joiner():
             log.info("live_join_waiting", node_id=self._node_id, local_rank=self._local_rank)
             get_writer().write(LiveReadyRecord(rank=self.rank))  # the agent may replace it alone
             self.applied = -1
@@ -338,6 +328,32 @@ class _Loop:
                 return
             self.grow_key = answer.grow_key or self.grow_key
             get_writer().write(LiveReadyRecord(rank=self.rank))  # the agent may replace it alone
+
+    def _start_joined(self) -> None:
+        """A sharded job's replacement joined its generation at ``train.init()`` and loaded
+        its shard of the step the members resume after: it starts right after that step."""
+        answer = joined()
+        if answer is None:
+            raise LiveRecoveryError("a replacement of a sharded job joins its world in train.init(): call it "
+                                    "before train.steps()")
+        resume = answer.resume_step if answer.resume_step is not None else -1
+        if self.next_step != resume + 1:
+            raise LiveRecoveryError(
+                f"this replacement starts at step {self.next_step}, but its peers resume after step {resume}: "
+                "restore with restored = Checkpointer().load(state) and loop with "
+                "train.steps(total, state, start=restored.step + 1 if restored else 0)")
+        self.rank, self.world_size, self.generation = answer.rank, answer.world_size, answer.generation
+        self.grow_key = answer.grow_key
+        self.applied, self.replica = resume, True
+        self._agree()
+        writer = get_writer()
+        writer.rank, writer.generation = self.rank, self.generation
+        writer.write(LiveRecord(rank=self.rank, reason="join", generation=self.generation, world_size=self.world_size,
+                                step=self.next_step, reform_s=0.0, unix_time_s=time.time()))
+        writer.mark()
+        self._tell_caught_up()
+        log.info("live_joined", rank=self.rank, generation=self.generation, world_size=self.world_size,
+                 step=self.next_step)
 
     def _boundary(self) -> bool:
         """Whether the generation ends at this step boundary (a replacement waits to join):
@@ -370,17 +386,20 @@ class _Loop:
         was_replica = self.replica
         self._enter("recover")
         while True:
-            _abort_group()
+            _abort_group(self.sharded)
             if error:
                 log.warning("live_collective_failed", rank=self.rank, generation=self.generation,
                             step=self._in_flight, error=(error.splitlines() or [""])[0][:200])
             answer = self._ask(reason, error)
             t1 = time.monotonic()
             try:
-                self._join(answer)
-                behind = self._sync()
-                for module in replicated_modules():
-                    module.rebuild()
+                if self.sharded:
+                    behind = self._reconnect(answer)
+                else:
+                    self._join(answer)
+                    behind = self._sync()
+                    for module in replicated_modules():
+                        module.rebuild()
             except Exception as exc:
                 if not (is_collective_error(exc) or isinstance(exc, dist.DistStoreError)):
                     raise
@@ -428,6 +447,42 @@ class _Loop:
         self.rank, self.world_size, self.generation = answer.rank, answer.world_size, answer.generation
         self.grow_key = answer.grow_key
         process_group.set_place(rank=answer.rank, world_size=answer.world_size)
+
+    def _reconnect(self, answer: LiveAssignment) -> bool:
+        """A sharded world's next generation: the same ranks, each group reconnected in
+        place (:mod:`~dlrover_core.train.reconfigurable`), every member at the step the
+        master chose (``answer.resume_step``); returns whether this member went back to it
+        from its memory snapshot (its applied step was newer)."""
+
+        self.generation = answer.generation
+        before = process_group.socket_inodes()
+        reconfigurable.reconfigure(answer.generation)
+        process_group.note_group_sockets(before)
+        self.rank, self.world_size, self.grow_key = answer.rank, answer.world_size, answer.grow_key
+        resume = answer.resume_step if answer.resume_step is not None else -1
+        back = self.applied != resume
+        ckpt = active_checkpointer()
+        if back or (ckpt is not None and resume in ckpt.memory_steps()):
+            if ckpt is None:
+                raise LiveRecoveryError(f"rank {self.rank} applied step {self.applied} but its world resumes after "
+                                        f"step {resume}, and it has no train.Checkpointer to go back with")
+            # (at the step already: only the RNG, which a step interrupted after it may have drawn from)
+            ckpt.go_back(resume, rng_only=not back)
+        self.applied, self.replica, self.next_step = resume, True, resume + 1
+        _zero_grads(self.state)
+        self._agree()
+        return back
+
+    def _agree(self) -> None:
+        """Every member of a sharded generation (the replacement too) checks that all
+        resume after the same step: the new groups' first collective."""
+        import torch.distributed as dist  # heavy: torch
+
+        steps: list[Any] = [None] * self.world_size
+        dist.all_gather_object(steps, self.applied)
+        if len(set(steps)) != 1:
+            raise LiveRecoveryError(f"the members of generation {self.generation} resume after different steps: "
+                                    f"{steps}")
 
     def _sync(self) -> bool:
         """Bring every member to the newest step a replica (a worker holding the training
@@ -578,10 +633,15 @@ def _zero_grads(state: dict[str, Any]) -> None:
                 p.grad = None
 
 
-def _abort_group() -> None:
+def _abort_group(sharded: bool = False) -> None:
     """Abort and destroy the default process group: its sockets close, so peers blocked on
-    this worker fail at once instead of at the collective timeout."""
+    this worker fail at once instead of at the collective timeout. A sharded world keeps its
+    groups (the mesh and FSDP hold them) and closes only their connections."""
     import torch.distributed as dist  # heavy: torch
+
+    if sharded:
+        reconfigurable.abort()
+        return
 
     if not dist.is_initialized():
         return

@@ -21,7 +21,11 @@ from dlrover_core import env
 from dlrover_core.logging import get_logger
 from dlrover_core.parallel.ddp import replicated_modules
 from dlrover_core.plugins import get_host
-from dlrover_core.train.checkpointer import prefault_restore
+from dlrover_core.protocol.client import MasterClient
+from dlrover_core.protocol.messages import LiveAssignment, LiveReform
+from dlrover_core.protocol.progress import LiveReadyRecord
+from dlrover_core.train import reconfigurable, reform
+from dlrover_core.train.checkpointer import held_memory_steps, prefault_restore
 from dlrover_core.train.context import WorkerInfo, current_job, is_joiner, is_live, worker_info
 from dlrover_core.train.progress import get_writer, install_excepthook
 
@@ -89,20 +93,26 @@ def init(*, timeout_s: float | None = None) -> WorkerInfo:
         getattr(torch, info.device.type).set_device(info.device)
     global _backend, _timeout_s
     _backend, _timeout_s = accelerator.dist_backend, timeout_s
-    if info.is_launched and not (is_live() and is_joiner()):
+    sharded = is_live() and job is not None and job.live_sharded
+    if info.is_launched and not (is_live() and is_joiner() and not sharded):
         prefault_restore(info.rank)
-    if is_live() and is_joiner():
+    if is_live() and is_joiner() and not sharded:
         # a replacement joins the running world in train.steps(), once it is ready (its
         # model and optimizer built): its rank and world size come from that generation
         pass
     elif not dist.is_initialized():
+        group_backend = accelerator.dist_backend
         if info.is_launched:
             store = round_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
         else:
             store = dist.HashStore()
+        if sharded:  # the mesh and FSDP keep these groups: each generation reconnects them in place
+            at = _join_sharded(info).generation if is_joiner() else 0
+            reconfigurable.register(accelerator.dist_backend, at_generation=at)
+            group_backend = reconfigurable.BACKEND
         before = socket_inodes()
         dist.init_process_group(
-            backend=accelerator.dist_backend, store=store, rank=info.rank,
+            backend=group_backend, store=store, rank=info.rank,
             world_size=info.world_size, timeout=timeout,
         )
         note_group_sockets(before)
@@ -118,6 +128,42 @@ def init(*, timeout_s: float | None = None) -> WorkerInfo:
     log.debug("worker_initialised", rank=info.rank, world_size=info.world_size, backend=accelerator.dist_backend)
     _info = info
     return info
+
+
+def _join_sharded(info: WorkerInfo) -> LiveAssignment:
+    """A sharded job's replacement asks to join the running world in its dead
+    predecessor's place (its rank, its shard) before the script builds its mesh; the
+    answer's ``resume_step`` is the step its ``Checkpointer.load`` takes from memory.
+
+    Raises:
+        LiveRecoveryError: the master is unreachable, or placed it elsewhere.
+        SystemExit: 0 when the others finished training meanwhile, 1 when every worker
+            restarts instead (the agent stops this process anyway).
+    """
+    steps = held_memory_steps(info.rank, info.world_size)
+    get_writer().write(LiveReadyRecord(rank=info.rank))  # the agent may replace it alone
+    node_id = int(os.environ.get(env.NODE_ID, "0"))
+    local_rank = int(os.environ.get(env.LOCAL_RANK, os.environ.get("LOCAL_RANK", "0")))
+    log.info("live_join_waiting", node_id=node_id, local_rank=local_rank, rank=info.rank, memory_steps=steps)
+    message = LiveReform(node_id=node_id, local_rank=local_rank, pid=os.getpid(), round=info.round, generation=-1,
+                         step=-1, reason="join", replica=False, memory_steps=tuple(steps))
+    client = MasterClient(os.environ[env.MASTER_ADDR])
+    try:
+        answer = reform.ask(client, message)
+    finally:
+        client.close()
+    if answer.state == "finished":
+        log.info("live_join_not_needed", node_id=node_id, local_rank=local_rank, reason=answer.reason)
+        raise SystemExit(0)
+    if answer.state != "ready":
+        log.warning("live_recovery_ended", state=answer.state, reason=answer.reason, rank=info.rank)
+        raise SystemExit(1)
+    if (answer.rank, answer.world_size) != (info.rank, info.world_size):
+        raise reform.LiveRecoveryError(f"a sharded world placed this replacement at rank {answer.rank} of "
+                                       f"{answer.world_size}, not in its slot's place (rank {info.rank} of "
+                                       f"{info.world_size})")
+    reform.set_joined(answer)
+    return answer
 
 
 _exit_hook_installed = False

@@ -1,0 +1,150 @@
+"""The master's side of a sharded job's live world (``LiveWorld(sharded=True)``), as pure
+decisions: it forms again only whole (every slot: the survivors and a replacement in each
+dead one, same ranks), at the newest step every member can resume after; a step no rank
+lacks, a survivor that never asks or a replacement without snapshots closes it (every
+worker restarts, and the reason says why)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dlrover_core.master.live import LiveWorld, resume_step
+from dlrover_core.protocol.messages import LiveReform
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def world(clock: Clock, members=((0, 0), (0, 1), (1, 0))) -> LiveWorld:
+    keys: list[str] = []
+    w = LiveWorld(round_index=0, members=list(members), store_host="h", store_port=1, set_key=keys.append,
+                  clock=clock, straggler_timeout_s=30.0, sharded=True)
+    for slot in members:
+        w.reform(ask(slot, "ready", pid=100 + slot[1] + 10 * slot[0], generation=0))
+    return w
+
+
+def ask(slot, reason, *, pid=None, step=-1, memory=(), generation=0, replica=True) -> LiveReform:
+    return LiveReform(node_id=slot[0], local_rank=slot[1], pid=pid or 100 + slot[1] + 10 * slot[0], round=0,
+                      generation=generation, step=step, reason=reason, replica=replica, memory_steps=tuple(memory))
+
+
+@pytest.mark.parametrize(("asked", "step", "why"), [
+    # survivors at 20 (memory 19, 20); the replacement's node holds 19, 20: no rollback
+    ({(0, 0): (True, 20, (19, 20)), (0, 1): (False, -1, (19, 20))}, 20, ""),
+    # a survivor applied 21 before its peer died, the dead rank's newest snapshot is 20: back to 20
+    ({(0, 0): (True, 21, (20, 21)), (0, 1): (False, -1, (19, 20))}, 20, ""),
+    # survivors disagree by one (one applied the step, one did not): the older, which both hold
+    ({(0, 0): (True, 21, (20, 21)), (1, 0): (True, 20, (19, 20)), (0, 1): (False, -1, (20,))}, 20, ""),
+    # nothing trained yet: a fresh start
+    ({(0, 0): (True, -1, ()), (0, 1): (False, -1, ())}, None, "no snapshot in memory"),
+    # the replacement's node holds nothing (memory lost): restart
+    ({(0, 0): (True, 20, (19, 20)), (0, 1): (False, -1, ())}, None, "node 0 local rank 1 of a sharded world has no"),
+    # no common step (snapshots every 10 steps, survivors between them)
+    ({(0, 0): (True, 25, (10, 20)), (0, 1): (False, -1, (10,)), (1, 0): (True, 25, (20,))}, None, "no step that every"),
+])
+def test_the_resume_step_is_the_newest_step_every_member_can_restore(asked, step, why):
+    messages = {slot: ask(slot, "error" if replica else "join", step=applied, memory=memory, replica=replica)
+                for slot, (replica, applied, memory) in asked.items()}
+    got, reason = resume_step(messages)
+    assert got == step
+    assert why in reason and (why == "") == (reason == "")
+
+
+def test_a_sharded_world_waits_for_the_replacement_and_keeps_every_rank():
+    clock = Clock()
+    w = world(clock)
+    w.worker_died((0, 1), pid=101)
+    assert w.reform(ask((0, 0), "error", step=20, memory=(19, 20))).state == "waiting"
+    clock.t = 40.0  # past the straggler timeout: a dead member's slot is never left out
+    assert w.reform(ask((1, 0), "error", step=20, memory=(19, 20))).state == "waiting"
+    assert w.generation == 0 and not w.closed
+    joined = w.reform(ask((0, 1), "join", pid=555, generation=-1, replica=False, memory=(19, 20)))
+    assert joined.state == "ready" and joined.generation == 1 and joined.resume_step == 20
+    assert (joined.rank, joined.world_size) == (1, 3)
+    for slot, rank in (((0, 0), 0), ((1, 0), 2)):
+        again = w.reform(ask(slot, "error", step=20, memory=(19, 20)))
+        assert (again.state, again.rank, again.world_size, again.resume_step) == ("ready", rank, 3, 20)
+    assert w.members == [(0, 0), (0, 1), (1, 0)]
+
+
+def test_a_survivor_that_never_asks_closes_a_sharded_world():
+    clock = Clock()
+    w = world(clock)
+    w.worker_died((0, 1), pid=101)
+    w.reform(ask((0, 0), "error", step=20, memory=(19, 20)))
+    w.reform(ask((0, 1), "join", pid=555, generation=-1, replica=False, memory=(19, 20)))
+    assert not w.closed
+    clock.t = 31.0
+    assert w.reform(ask((0, 0), "error", step=20, memory=(19, 20))).state == "restart"
+    assert "node 1 local rank 0" in w.closed and "nobody else holds their shards" in w.closed
+
+
+def test_a_replacement_without_snapshots_closes_a_sharded_world_and_says_why():
+    clock = Clock()
+    w = world(clock, members=((0, 0), (0, 1)))
+    w.worker_died((0, 1), pid=101)
+    w.reform(ask((0, 0), "error", step=20, memory=(19, 20)))
+    answer = w.reform(ask((0, 1), "join", pid=555, generation=-1, replica=False, memory=()))
+    assert answer.state == "restart" and "has no snapshot in memory" in answer.reason
+    assert w.can_go_on() == w.closed
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_deaths_and_asking_orders_keep_a_sharded_worlds_invariants(seed):
+    """Seeded random schedules: members die (one or two), survivors and replacements ask in
+    random orders, some ask again, the clock jumps. Whatever happens: a generation forms
+    only with every slot, each member keeps its rank, all get the same resume step and it
+    is one each of them can restore; or the world closes saying why, and then answers
+    ``restart`` to everyone."""
+    import random
+
+    rnd = random.Random(seed)
+    clock = Clock()
+    members = [(n, lr) for n in range(rnd.randint(1, 3)) for lr in range(rnd.randint(1, 2))]
+    if len(members) < 2:
+        members = [(0, 0), (0, 1)]
+    w = world(clock, members=tuple(members))
+    applied = rnd.randint(5, 30)
+    dead = rnd.sample(members, rnd.randint(1, min(2, len(members) - 1)))
+    options: dict = {}
+    pending = []
+    for slot in members:
+        if slot in dead:
+            w.worker_died(slot, pid=100 + slot[1] + 10 * slot[0])
+            mem = tuple(sorted(rnd.sample([applied - 1, applied, applied + 1], rnd.randint(0, 2))))
+            options[slot] = set(mem)
+            pending.append(ask(slot, "join", pid=900 + slot[1] + 10 * slot[0], generation=-1, replica=False,
+                               memory=mem))
+        else:
+            step = applied + rnd.choice([0, 0, 1])
+            mem = (step - 1, step) if rnd.random() < 0.9 else (step,)
+            options[slot] = set(mem) | {step}
+            pending.append(ask(slot, "error", step=step, memory=mem))
+    answers: dict = {}
+    for _ in range(3 * len(pending)):
+        message = rnd.choice(pending)
+        if rnd.random() < 0.1:
+            clock.t += rnd.choice([1.0, 40.0])
+        answer = w.reform(message)
+        answers[(message.node_id, message.local_rank)] = answer
+        if w.closed:
+            break
+    for message in pending + pending:  # everyone asks twice more (the last to ask forms it): the final answers
+        answers[(message.node_id, message.local_rank)] = w.reform(message)
+    states = {a.state for a in answers.values()}
+    if w.closed:
+        assert states == {"restart"} and all(a.reason for a in answers.values())
+        return
+    assert w.generation == 1 and states == {"ready"}, "every slot asked: the world formed (or closed)"
+    assert {a.generation for a in answers.values()} == {1}
+    (step,) = {a.resume_step for a in answers.values()}
+    assert all(step in options[slot] for slot in members), (step, options)
+    assert max(set.intersection(*options.values())) == step
+    assert [answers[slot].rank for slot in members] == list(range(len(members)))
+    assert {a.world_size for a in answers.values()} == {len(members)}

@@ -21,11 +21,11 @@ pytestmark = pytest.mark.slow
 
 
 def sharded_job(tmp: Path, name: str, *, steps: int = 40, sleep_s: float = 0.05, nodes: int = 1,
-                extra: tuple[str, ...] = ()) -> Job:
+                extra: tuple[str, ...] = (), parallel: tuple = ("fsdp",)) -> Job:
     return Job(
         name=name, entrypoint=str(SCRIPTS / "sharded_live_train.py"),
         args=["--steps", str(steps), "--step-sleep", str(sleep_s), "--out", str(tmp / name), *extra],
-        nodes=Nodes(min=nodes, max=nodes, nproc_per_node=2 // nodes), accelerator="cpu", parallel=Parallel(["fsdp"]),
+        nodes=Nodes(min=nodes, max=nodes, nproc_per_node=2 // nodes), accelerator="cpu", parallel=Parallel(list(parallel)),
         checkpoint=Checkpoint(dir=str(tmp / name / "ck"), persist_every_steps=0),
         failure=Failure(max_restarts=3, stop_grace_s=2, heartbeat_timeout_s=3.0),
         log_dir=str(tmp / "runs"),
@@ -51,8 +51,11 @@ def steps_by_pid(out: Path) -> dict[int, list[dict]]:
 
 
 @pytest.mark.timeout(240)
-def test_a_killed_fsdp_worker_is_replaced_live_from_memory_and_the_result_is_bit_identical(tmp_path):
-    run = sharded_job(tmp_path, "killed", steps=60).submit()
+@pytest.mark.parametrize("parallel", [("fsdp",), ("auto",)], ids=["fsdp", "auto-ddp"])
+def test_a_killed_fsdp_worker_is_replaced_live_from_memory_and_the_result_is_bit_identical(tmp_path, parallel):
+    """``auto`` picks ddp for this small model: a strategy the spec cannot know to be
+    replicated, so the world is a sharded one, with DDP on its reconfigurable groups."""
+    run = sharded_job(tmp_path, "killed", steps=60, parallel=parallel).submit()
     wait_for(lambda: run.status().step >= 12, 90, "step 12")
     pids = wait_for(lambda: run.status().worker_pids if len(run.status().worker_pids) == 2 else None, 30, "both ranks")
     survivor, victim = pids[0], pids[1]
@@ -78,7 +81,7 @@ def test_a_killed_fsdp_worker_is_replaced_live_from_memory_and_the_result_is_bit
     assert survivor_steps[0] == 0 and survivor_steps[-1] == 59
     assert restored_from(result) == [("memory", resumed_after)], "the replacement's shard came from memory"
     # bit for bit the parameters and optimizer state of the same job without the kill
-    clean60 = sharded_job(tmp_path, "clean60", steps=60).run(progress=False)
+    clean60 = sharded_job(tmp_path, "clean60", steps=60, parallel=parallel).run(progress=False)
     assert clean60.state == JobState.SUCCEEDED
     assert json.loads((out / "final.json").read_text()) == json.loads((tmp_path / "clean60" / "final.json").read_text())
     assert job_processes(result.job_id) == []

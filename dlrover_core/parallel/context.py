@@ -41,6 +41,9 @@ class ParallelContext:
         device_mb: per-worker device memory override (MiB) for ``auto``; ``None``: probe.
         live: the job re-forms its world without stopping (``Failure(live_recovery=True)``
             under a dlrover agent): ``ddp`` returns a model whose wrapper can be rebuilt.
+        joining: this worker replaces a dead one in a sharded job's running world: its
+            state comes from its memory snapshot, and its peers (who keep their wrappers)
+            run no wrapper's first broadcast with it, so ``ddp`` skips it (``init_sync=False``).
     """
 
     info: Any
@@ -51,6 +54,7 @@ class ParallelContext:
     applied: list[str] = attrs.field(factory=list)
     device_mb: float | None = None
     live: bool = False
+    joining: bool = False
     _optimizer_hooks: list[tuple[str, Callable[[Any], Any]]] = attrs.field(factory=list, init=False)
     _current: str = attrs.field(default="", init=False)
     _index: int | None = attrs.field(default=None, init=False)

@@ -38,9 +38,10 @@ def _replicated_module_type() -> type:
         def __init__(self, module: torch.nn.Module, options: dict[str, Any]) -> None:
             super().__init__()
             self.module = module
+            first_sync = options.pop("init_sync", True)
             object.__setattr__(self, "_options", options)
             object.__setattr__(self, "_ddp", None)
-            self.rebuild(init_sync=True)
+            self.rebuild(init_sync=first_sync)
             _replicated.add(self)
 
         def rebuild(self, *, init_sync: bool = False) -> None:
@@ -92,24 +93,29 @@ def ddp(model: Any, ctx: Any, **options: Any) -> Any:
     averaged over its ``data`` dimension (``process_group``), else over the whole world.
 
     In a job with live recovery (``Failure(live_recovery=True)``, the default, under a dlrover
-    agent, without a mesh) the model is a ``ReplicatedModule`` instead (:func:`replicate`): the same
-    DDP, rebuilt in place on each new process group when the world shrinks or grows.
+    agent) the model is a ``ReplicatedModule`` instead (:func:`replicate`): the same DDP,
+    rebuilt in place on each new process group when the world shrinks or grows, and on each
+    reconnection of a sharded job's world (a fresh reducer, as the replacement's: DDP's
+    first iterations run collectives of their own, bucket rebuilding, that every member
+    must run together).
     """
     import torch  # torch: heavy, workers only
     import torch.distributed as dist  # torch: heavy, workers only
 
     mesh = getattr(ctx, "mesh", None)
-    live = bool(getattr(ctx, "live", False)) and mesh is None
+    live = bool(getattr(ctx, "live", False))
     if not live and (not dist.is_initialized() or dist.get_world_size() == 1):
         return model
     device = ctx.device
     if device.type != "cpu":
         model = model.to(device)
         options.setdefault("device_ids", [device.index])
-    if live:
-        return replicate(model, options)
+    if getattr(ctx, "joining", False):  # its peers run no first broadcast with it (see ParallelContext)
+        options.setdefault("init_sync", False)
     if mesh is not None:
         options.setdefault("process_group", ctx.data_mesh().get_group())
+    if live:
+        return replicate(model, options)
     return torch.nn.parallel.DistributedDataParallel(model, **options)
 
 

@@ -458,6 +458,8 @@ class _Loop:
         before = process_group.socket_inodes()
         reconfigurable.reconfigure(answer.generation)
         process_group.note_group_sockets(before)
+        for module in replicated_modules():  # fresh reducers, as the replacement's (see parallel.ddp)
+            module.rebuild()
         self.rank, self.world_size, self.grow_key = answer.rank, answer.world_size, answer.grow_key
         resume = answer.resume_step if answer.resume_step is not None else -1
         back = self.applied != resume

@@ -9,6 +9,7 @@ from dlrover_core.plugins import get_host
 from dlrover_core.spec import Optimizer, Parallel
 from dlrover_core.train import process_group
 from dlrover_core.train.context import current_job, is_live
+from dlrover_core.train.reform import joined
 
 __all__ = ["prepare"]
 
@@ -56,7 +57,7 @@ def prepare(model: Any, *, parallel: Any = None, optimizer: Any = None, **optimi
         spec = Optimizer(optimizer.name, **{**optimizer.options, **optimizer_options})
     except ValueError:
         spec = optimizer
-    ctx = ParallelContext(info=info, optimizer=spec, live=is_live())
+    ctx = ParallelContext(info=info, optimizer=spec, live=is_live(), joining=joined() is not None)
     model = apply_strategies(model, parallel.strategies, ctx)
     built = factory(model.parameters(), **{**optimizer.options, **optimizer_options})
     ctx.finish(built)

@@ -3,7 +3,7 @@
 rank, ``train.steps`` loops, the Checkpointer snapshots every step to memory.
 
 Every applied step appends a JSON line to ``--out/steps_<pid>.jsonl`` (pid, rank, world
-size, step, this rank's shard checksum). At the end every rank writes
+size, step, this rank's shard checksum, the step's start and end times). At the end every rank writes
 ``--out/final_<pid>.json`` (rank, pid, the step it started the loop at) and rank 0 the
 sha256 of the full (all-gathered) parameters and optimizer state to ``--out/final.json``.
 Args: --steps N, --step-sleep S, --width W (the hidden layers' width: the state's size;
@@ -76,6 +76,7 @@ def main() -> int:
         with step:
             while a.hold_file and os.path.exists(a.hold_file):
                 time.sleep(0.02)
+            t0 = time.time()
             gen = torch.Generator().manual_seed(1000 + 10 * int(step) + step.rank)
             x = torch.randn(4, 8, generator=gen)
             opt.zero_grad(set_to_none=True)
@@ -84,7 +85,7 @@ def main() -> int:
             time.sleep(a.step_sleep)
             opt.step()
             log.write(json.dumps({"pid": os.getpid(), "rank": step.rank, "world_size": step.world_size,
-                                  "step": int(step), "shard": shard_digest(model), "t": time.time()}) + "\n")
+                                  "step": int(step), "shard": shard_digest(model), "t0": t0, "t": time.time()}) + "\n")
             train.report(step, loss=loss.item())
             ckpt.save(step, {"train": state}, force=step == a.steps - 1)
     digest = full_digest(state.state_dict())  # (a collective: every rank)

@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Protocol
 
+from dlrover_core import rundir
 from dlrover_core.errors import SchedulerError
 from dlrover_core.protocol import JobResult, JobStatus
 from dlrover_core.scheduler_backend import JobHandle, SchedulerBackend
@@ -27,6 +28,10 @@ __all__ = ["RESULT_WAIT_S", "Observer", "Supervisor"]
 #: Seconds a job seen in a terminal state may take to write its result (agents drain first);
 #: after them supervision ends without waiting longer (a dead master never writes one).
 RESULT_WAIT_S = 60.0
+#: How often the wait between two supervision passes looks for the job's result file
+#: (``<log_dir>/result.json``, a file check, no request): a job that ends is seen at once,
+#: not up to a whole ``poll_s`` later (seconds).
+RESULT_FILE_POLL_S = 0.05
 
 
 class Observer(Protocol):
@@ -106,7 +111,7 @@ class Supervisor:
                 if timeout_s is not None and time.monotonic() - start > timeout_s:
                     timed_out = True
                     break
-                time.sleep(poll_s)
+                _sleep_until_result(handle, poll_s, latch)
         except KeyboardInterrupt:  # SIGINT where a handler of the caller's raises it
             self.stop_signal = signal.SIGINT
             observer.note("interrupted", "cancelling the job")
@@ -121,6 +126,17 @@ class Supervisor:
         if result is None:
             raise SchedulerError(f"job {handle.job_id} ended without a result; see {handle.log_dir}")
         return result
+
+
+def _sleep_until_result(handle: JobHandle, poll_s: float, latch: StopLatch | None) -> None:
+    """Sleep ``poll_s`` seconds, or less: until the master's result file appears (the next
+    pass reads it through the backend) or a stop signal is latched."""
+    result_file = rundir.RunDir(handle.log_dir).result
+    deadline = time.monotonic() + poll_s
+    while (left := deadline - time.monotonic()) > 0:
+        if result_file.exists() or (latch is not None and latch.signum is not None):
+            return
+        time.sleep(min(RESULT_FILE_POLL_S, left))
 
 
 class _Unobserved:

@@ -6,6 +6,7 @@ a run without the kill, bit for bit. Real processes, real gloo, a real signal.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -50,9 +51,27 @@ def steps_by_pid(out: Path) -> dict[int, list[dict]]:
             for p in out.glob("steps_*.jsonl")}
 
 
+@pytest.fixture(scope="module")
+def clean_digest(tmp_path_factory):
+    """``digest(parallel)``: the final state digest of the 60-step 2-rank job without a
+    failure (each configuration run once per module)."""
+    done: dict[tuple, dict] = {}
+
+    def digest(parallel: tuple) -> dict:
+        if parallel not in done:
+            tmp = tmp_path_factory.mktemp("clean")
+            result = sharded_job(tmp, "clean60", steps=60, parallel=parallel).run(progress=False)
+            assert result.state == JobState.SUCCEEDED, result.reason
+            done[parallel] = json.loads((tmp / "clean60" / "final.json").read_text())
+        return done[parallel]
+
+    return digest
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("parallel", [("fsdp",), ("auto",)], ids=["fsdp", "auto-ddp"])
-def test_a_killed_fsdp_worker_is_replaced_live_from_memory_and_the_result_is_bit_identical(tmp_path, parallel):
+def test_a_killed_fsdp_worker_is_replaced_live_from_memory_and_the_result_is_bit_identical(tmp_path, parallel,
+                                                                                           clean_digest):
     """``auto`` picks ddp for this small model: a strategy the spec cannot know to be
     replicated, so the world is a sharded one, with DDP on its reconfigurable groups."""
     run = sharded_job(tmp_path, "killed", steps=60, parallel=parallel).submit()
@@ -81,9 +100,7 @@ def test_a_killed_fsdp_worker_is_replaced_live_from_memory_and_the_result_is_bit
     assert survivor_steps[0] == 0 and survivor_steps[-1] == 59
     assert restored_from(result) == [("memory", resumed_after)], "the replacement's shard came from memory"
     # bit for bit the parameters and optimizer state of the same job without the kill
-    clean60 = sharded_job(tmp_path, "clean60", steps=60, parallel=parallel).run(progress=False)
-    assert clean60.state == JobState.SUCCEEDED
-    assert json.loads((out / "final.json").read_text()) == json.loads((tmp_path / "clean60" / "final.json").read_text())
+    assert json.loads((out / "final.json").read_text()) == clean_digest(parallel)
     assert job_processes(result.job_id) == []
 
 
@@ -147,4 +164,50 @@ def test_a_lost_node_of_an_fsdp_job_rejoins_live_from_its_buddys_replica(tmp_pat
     clean = sharded_job(tmp_path, "clean", steps=40, sleep_s=0.0, nodes=2).run(progress=False)
     assert clean.state == JobState.SUCCEEDED
     assert json.loads((out / "final.json").read_text()) == json.loads((tmp_path / "clean" / "final.json").read_text())
+    assert job_processes(result.job_id) == []
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("seed", "when"), [(1, "starting"), (2, "asked")])
+def test_a_replacement_killed_while_it_joins_is_replaced_again_and_the_world_goes_on(tmp_path, seed, when,
+                                                                                      clean_digest):
+    """Seeded fault schedule: rank 1 is SIGKILLed at a random step; its replacement is
+    SIGKILLed too, a random moment after it starts (``starting``: importing, building, asking)
+    or after it asked to join (``asked``: connecting its groups while the survivor waits in
+    its reconnection). The survivor's
+    reconnection gives up on it within ``reconfigurable.CONNECT_TIMEOUT_S`` and asks again;
+    the next replacement joins; the survivor's process trains to the end and the result is
+    bit-identical to a run without failures."""
+    import random
+
+    rnd = random.Random(seed)
+    run = sharded_job(tmp_path, "twice", steps=60).submit()
+    wait_for(lambda: run.status().step >= rnd.randint(8, 20), 90, "the first kill's step")
+    pids = wait_for(lambda: run.status().worker_pids if len(run.status().worker_pids) == 2 else None, 30, "both ranks")
+    survivor, victim = pids[0], pids[1]
+    os.kill(victim, signal.SIGKILL)
+    node_log = Path(run.handle.log_dir) / "node_0.log"
+
+    def replacement() -> int | None:
+        for line in node_log.read_text().splitlines():
+            if "worker_replaced" in line and f"old_pid={victim}" in line:
+                return int(line.split(" pid=", 1)[1].split()[0])
+        return None
+
+    second = wait_for(replacement, 60, "a replacement")
+    if when == "asked":  # it asked to join: the world forms now, the survivor reconnects its groups
+        wait_for(lambda: "live_join_waiting" in node_log.read_text(), 60, "the replacement's ask")
+        time.sleep(rnd.uniform(0.0, 0.3))
+    else:  # anywhere from its start to its join
+        time.sleep(rnd.uniform(0.0, 1.5))
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(second, signal.SIGKILL)
+    result = run.wait(progress=False, timeout_s=200)
+    assert result.state == JobState.SUCCEEDED, result.reason
+    assert all(f.recovery == "live" for f in result.failures), [(f.recovery, f.action) for f in result.failures]
+    out = tmp_path / "twice"
+    finals = {json.loads(p.read_text())["pid"]: json.loads(p.read_text()) for p in out.glob("final_*.json")}
+    assert survivor in finals and finals[survivor]["start"] == 0
+    assert second not in finals and victim not in finals
+    assert json.loads((out / "final.json").read_text()) == clean_digest(("fsdp",))
     assert job_processes(result.job_id) == []

@@ -305,7 +305,8 @@ class Checkpointer:
 
     def go_back(self, step: int, *, rng_only: bool = False) -> None:
         """Put the state the last :meth:`save` saved back to this rank's memory snapshot of
-        ``step``, in place, RNG states included (``rng_only``: only those: the state is at
+        ``step`` (or, before any save, the state :meth:`load` filled), in place, RNG states
+        included (``rng_only``: only those: the state is at
         ``step`` already, but a step interrupted after it drew random numbers). A sharded
         job's live world does this on a member whose applied step is newer than the one
         every rank can resume after (:class:`~dlrover_core.protocol.messages.LiveAssignment`).
@@ -316,9 +317,9 @@ class Checkpointer:
         """
         rank, world_size = _rank_world()
         snapshots = self._snapshots(rank)
-        if snapshots is None or self._saved_state is None:
-            raise CheckpointError(f"cannot go back to step {step}: "
-                                  f"{self._memory_off_reason or 'no state was saved by this Checkpointer'}")
+        if snapshots is None or (self._saved_state is None and not rng_only):
+            raise CheckpointError(f"cannot go back to step {step}: {self._memory_off_reason or 'this Checkpointer '}"
+                                  f"{'' if self._memory_off_reason else 'neither saved nor loaded a state'}")
         t0 = time.monotonic()
         try:
             with snapshots.read(step, world_size) as (views, metadata):
@@ -543,6 +544,8 @@ class Checkpointer:
                 self._memory.forget_after(-1)
             get_writer().mark()
             return None
+        if state is not None:
+            self._saved_state = state  # (go_back's targets until a save names them)
         if source == "memory":
             assert self._memory is not None
             with self._memory.read(step, world_size, plan.snapshot_round) as (views, metadata):

@@ -461,6 +461,7 @@ class _Loop:
         for module in replicated_modules():  # fresh reducers, as the replacement's (see parallel.ddp)
             module.rebuild()
         self.rank, self.world_size, self.grow_key = answer.rank, answer.world_size, answer.grow_key
+        _reset_fsdp(self.state)  # the failed step's prefetched all-gathers and reductions are gone
         resume = answer.resume_step if answer.resume_step is not None else -1
         back = self.applied != resume
         ckpt = active_checkpointer()
@@ -623,6 +624,28 @@ def _positions(state: dict[str, Any]) -> dict[str, Any]:
 def _restore_positions(state: dict[str, Any], positions: dict[str, Any]) -> None:
     for k, pos in positions.items():
         state[k].load_state_dict(pos)
+
+
+def _reset_fsdp(state: dict[str, Any]) -> None:
+    """Reset the per-iteration state of every root FSDP2 module in ``state``
+    (``FSDPModule.reset_iter_state``, torch's recovery after a forward or backward aborted
+    mid-flight: torch.distributed.fsdp.fully_shard's documentation). Without it a module
+    whose step failed with an all-gather prefetched or a reduction in flight runs another
+    sequence of collectives than a replacement's fresh module, and the group mismatches."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    module_type = getattr(fsdp, "FSDPModule", None)
+    if module_type is None:
+        return
+    seen: set[int] = set()
+    for value in state.values():
+        for candidate in (value, getattr(value, "model", None), getattr(value, "module", None)):
+            if candidate is None or not hasattr(candidate, "modules") or id(candidate) in seen:
+                continue
+            seen.add(id(candidate))
+            for module in candidate.modules():
+                if isinstance(module, module_type) and getattr(module._get_fsdp_state(), "_is_root", None):
+                    with contextlib.suppress(Exception):  # (its aborted group's works fail: nothing to wait for)
+                        module.reset_iter_state()
 
 
 def _zero_grads(state: dict[str, Any]) -> None:

@@ -34,6 +34,12 @@ log = get_logger()
 #: The c10d backend name of reconfigurable groups (``init_process_group(backend=BACKEND)``).
 BACKEND = "dlrover_live"
 
+#: How long connecting a generation's group may wait for its members (seconds): they all
+#: were placed a moment ago, so one that does not come died meanwhile (the next re-form
+#: leaves it out); the collectives then get the group's own timeout. (The live world's
+#: replicated path waits as long: ``train.live._JOIN_TIMEOUT_S``.)
+CONNECT_TIMEOUT_S = 5.0
+
 _inner_backend = "gloo"
 _generation = 0
 _groups: list[weakref.ref[Any]] = []
@@ -98,11 +104,14 @@ def _inner(store: Any, rank: int, size: int, timeout: datetime.timedelta, gen: i
     import torch.distributed as dist  # heavy: torch
 
     prefixed = dist.PrefixStore(f"gen{gen}/", store)
-    if _inner_backend == "nccl":
+    if _inner_backend == "nccl":  # (connects lazily, at the first collective)
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         return dist.ProcessGroupNCCL(prefixed, rank, size, options)
-    return dist.ProcessGroupGloo(prefixed, rank, size, timeout)
+    connect = min(timeout, datetime.timedelta(seconds=CONNECT_TIMEOUT_S))
+    group = dist.ProcessGroupGloo(prefixed, rank, size, connect)  # connects every pair now
+    group._set_default_timeout(timeout)
+    return group
 
 
 def _group_class(dist: Any) -> Any:

@@ -189,7 +189,7 @@ def test_a_lost_node_restores_from_its_buddys_memory_not_from_storage(tmp_path):
     from pathlib import Path
 
     import psutil
-    from helpers import SCRIPTS, job_processes, shm_entries, wait_for
+    from helpers import SCRIPTS, job_processes, replica_step, shm_entries, wait_for
 
     from dlrover_core import Checkpoint, Failure, Job, JobState
 
@@ -201,21 +201,6 @@ def test_a_lost_node_restores_from_its_buddys_memory_not_from_storage(tmp_path):
                    checkpoint=Checkpoint(dir=str(tmp_path / name / "ck"), persist_every_steps=10),
                    failure=Failure(max_restarts=2, stop_grace_s=2, heartbeat_timeout_s=3.0),
                    log_dir=str(tmp_path / "runs"))
-
-    def replica_step(job_id: str) -> int:
-        """The newest step of node 1's rank held in node 0's memory (-1: none yet)."""
-        steps = [-1]
-        for path in SHM_DIR.glob(f"dlrover-{job_id}-n0-*-x1-r1-s*"):
-            slot = SnapshotSlot.open(path.name, create=False)
-            if slot is None:
-                continue
-            try:
-                h = slot.header()
-                if h is not None and h.live:
-                    steps.append(h.step)
-            finally:
-                slot.close()
-        return max(steps)
 
     shm_before = shm_entries()
     run = job("lost", tmp_path / "lost.sha256").submit()

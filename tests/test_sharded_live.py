@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import SCRIPTS, job_processes, wait_for
+from helpers import SCRIPTS, job_processes, replica_step, wait_for
 
 from dlrover_core import Checkpoint, Failure, Job, JobState, Nodes, Parallel
 
@@ -102,24 +102,6 @@ def test_a_killed_fsdp_worker_is_replaced_live_from_memory_and_the_result_is_bit
     # bit for bit the parameters and optimizer state of the same job without the kill
     assert json.loads((out / "final.json").read_text()) == clean_digest(parallel)
     assert job_processes(result.job_id) == []
-
-
-def replica_step(job_id: str) -> int:
-    """The newest step of rank 1 held in node 0's memory as a replica (-1: none yet)."""
-    from dlrover_core.checkpoint.shm import SHM_DIR, SnapshotSlot
-
-    steps = [-1]
-    for path in SHM_DIR.glob(f"dlrover-{job_id}-n0-*-x1-r1-s*"):
-        slot = SnapshotSlot.open(path.name, create=False)
-        if slot is None:
-            continue
-        try:
-            h = slot.header()
-            if h is not None and h.live:
-                steps.append(h.step)
-        finally:
-            slot.close()
-    return max(steps)
 
 
 @pytest.mark.timeout(300)

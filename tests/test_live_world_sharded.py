@@ -148,3 +148,17 @@ def test_random_deaths_and_asking_orders_keep_a_sharded_worlds_invariants(seed):
     assert max(set.intersection(*options.values())) == step
     assert [answers[slot].rank for slot in members] == list(range(len(members)))
     assert {a.world_size for a in answers.values()} == {len(members)}
+
+
+def test_a_worker_that_cannot_be_reformed_says_why_and_the_world_closes():
+    """A sharded job's worker on a backend its live world is not verified on (NCCL here,
+    without a GPU run yet) says so when it starts its loop: the world closes with its reason,
+    which every later failure's action carries (every worker restarts)."""
+    clock = Clock()
+    keys: list[str] = []
+    w = LiveWorld(round_index=0, members=[(0, 0), (0, 1)], store_host="h", store_port=1, set_key=keys.append,
+                  clock=clock, straggler_timeout_s=30.0, sharded=True)
+    why = "live recovery of sharded state over nccl is not verified yet (only gloo): ..."
+    answer = w.reform(LiveReform(node_id=0, local_rank=0, pid=100, round=0, generation=0, reason="ready", error=why))
+    assert answer.state == "restart" and answer.reason == why
+    assert w.can_go_on() == why

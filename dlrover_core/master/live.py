@@ -199,6 +199,9 @@ class LiveWorld:
             return LiveAssignment(state="finished", reason="training finished")
         if self.done and slot not in self.members:
             return LiveAssignment(state="finished", reason="training finished before this worker could join")
+        if message.reason == "ready" and message.error:  # this worker cannot be re-formed: why
+            self.close(message.error)
+            return LiveAssignment(state="restart", reason=message.error)
         if message.reason == "ready":
             if message.generation == self.generation and slot in self.members and slot not in self.dead:
                 self.ready.add(slot)

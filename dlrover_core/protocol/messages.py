@@ -719,7 +719,8 @@ class LiveReform:
             ``"grow"`` (the generation ends at this step boundary for a joiner), ``"join"``
             (a replacement waits to join), ``"caught_up"`` (a replacement received the live
             state: it can give it on) or ``"done"`` (it finished the last step).
-        error: with ``error``: the collective's error message.
+        error: with ``error``: the collective's error message; with ``ready``: why this
+            worker cannot be re-formed (its backend: every failure restarts every worker).
         replica: it holds the training state (``False``: a replacement that has not caught
             up yet; a generation forms only with a replica in it).
         memory_steps: the steps of this rank's complete snapshots in its node's shared

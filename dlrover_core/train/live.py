@@ -182,6 +182,7 @@ class _Loop:
         self.live = is_live()
         job = current_job()
         self.sharded = self.live and job is not None and job.live_sharded  # the world keeps its size
+        self._off = process_group.sharded_off() if self.sharded else ""  # told to the master: restart-all
         self.replica = not is_joiner()  # holds the training state (a replacement: once caught up)
         self.grow_key = "live/grow/0"
         self._positions: dict[str, Any] = {}
@@ -321,7 +322,7 @@ class _Loop:
             problem = _unsendable(_skeleton(self.state, []))
             if problem is not None:  # found now, not when a replacement waits for the state
                 raise LiveRecoveryError(problem)
-            answer = self._ask("ready")
+            answer = self._ask("ready", self._off)
             if answer.state != "ready":
                 log.info("live_recovery_off", reason=answer.reason)
                 self.live = False

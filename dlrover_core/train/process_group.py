@@ -38,6 +38,12 @@ _info: WorkerInfo | None = None
 _store: Any = None
 _store_addr: tuple[str, int] | None = None
 _backend: str = "gloo"
+#: The process group backends a sharded job's live world has been tested on (reconfigurable
+#: groups wrap them: ``train.reconfigurable``); on another (NCCL, HCCL: no GPU run yet) a
+#: sharded job's failures restart every worker.
+VERIFIED_SHARDED_BACKENDS = ("gloo",)
+#: Why this worker's sharded job cannot recover live here ("": it can, or it is not sharded).
+_sharded_off = ""
 _timeout_s: float = 300.0
 
 
@@ -94,6 +100,12 @@ def init(*, timeout_s: float | None = None) -> WorkerInfo:
     global _backend, _timeout_s
     _backend, _timeout_s = accelerator.dist_backend, timeout_s
     sharded = is_live() and job is not None and job.live_sharded
+    global _sharded_off
+    if sharded and accelerator.dist_backend not in VERIFIED_SHARDED_BACKENDS:
+        _sharded_off = (f"live recovery of sharded state over {accelerator.dist_backend} is not verified yet (only "
+                        f"{', '.join(VERIFIED_SHARDED_BACKENDS)}): this job's failures restart every worker")
+        log.warning("live_sharded_unavailable", rank=info.rank, reason=_sharded_off)
+        sharded = False
     if info.is_launched and not (is_live() and is_joiner() and not sharded):
         prefault_restore(info.rank)
     if is_live() and is_joiner() and not sharded:
@@ -309,6 +321,11 @@ def round_store(host: str, port: int) -> Any:
                                use_libuv=True)
         _store_addr = (host, port)
     return _store
+
+
+def sharded_off() -> str:
+    """Why this worker's sharded job cannot recover live on its backend ("": it can)."""
+    return _sharded_off
 
 
 def backend() -> str:

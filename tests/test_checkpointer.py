@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from dlrover_core import CheckpointError
+from dlrover_core.checkpoint.saver import step_dir
 from dlrover_core.train import Checkpointer
 
 
@@ -57,8 +58,12 @@ def test_restore_into_objects_and_rng(tmp_path):
     opt2 = torch.optim.SGD(model2.parameters(), lr=0.1, momentum=0.9)
     pos2 = Position()
     torch.manual_seed(99)
-    restored = Checkpointer(str(tmp_path)).load({"model": model2, "optimizer": opt2, "data": pos2})
+    loader = Checkpointer(str(tmp_path))
+    restored = loader.load({"model": model2, "optimizer": opt2, "data": pos2})
     assert restored.step == 3 and restored.source == "storage"
+    # every byte read from storage is counted: the marker, checkpoint.json and the shard file
+    on_disk = sum(p.stat().st_size for p in (tmp_path / step_dir(3)).iterdir() if p.suffix in (".json", ".safetensors"))
+    assert loader.storage_bytes_read >= on_disk > 0
     assert pos2.index == 42
     for a, b in zip(model.parameters(), model2.parameters(), strict=True):
         assert torch.equal(a, b)

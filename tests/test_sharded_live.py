@@ -42,6 +42,16 @@ def restored_from(result) -> list[tuple[str, int]]:
     return [(m.group(2), int(m.group(3))) for m in re.finditer(r"checkpoint_restored .*?rank=(\d+) source=(\w+) step=(\d+)", text)]
 
 
+def storage_bytes_read(result) -> int:
+    """Bytes every worker's ``checkpoint_restored`` says it read from checkpoint storage."""
+    import re
+
+    text = "".join(p.read_text() for p in Path(result.log_dir).glob("node_*.log"))
+    counts = [int(n) for n in re.findall(r"checkpoint_restored .*?storage_bytes=(\d+)", text)]
+    assert counts, "no restore logged"
+    return sum(counts)
+
+
 def steps_of_rank(out: Path, rank: int) -> list[dict]:
     return [r for rows in steps_by_pid(out).values() for r in rows if r["rank"] == rank]
 
@@ -98,6 +108,7 @@ def test_a_killed_fsdp_worker_is_replaced_live_from_memory_and_the_result_is_bit
     survivor_steps = [r["step"] for r in by_pid[survivor]]
     assert survivor_steps[0] == 0 and survivor_steps[-1] == 59
     assert restored_from(result) == [("memory", resumed_after)], "the replacement's shard came from memory"
+    assert storage_bytes_read(result) == 0
     # bit for bit the parameters and optimizer state of the same job without the kill
     assert json.loads((out / "final.json").read_text()) == clean_digest(parallel)
     assert job_processes(result.job_id) == []
@@ -142,6 +153,7 @@ def test_a_lost_node_of_an_fsdp_job_rejoins_live_from_its_buddys_replica(tmp_pat
     assert "replicas_fetched" in (Path(result.log_dir) / "node_1.log").read_text()
     (restore,) = restored_from(result)
     assert restore[0] == "memory" and restore[1] == finals[next(p for p in finals if p != survivor)]["start"] - 1
+    assert storage_bytes_read(result) == 0, "the lost node read its shard from storage"
     clean = sharded_job(tmp_path, "clean", steps=40, sleep_s=0.0, nodes=2).run(progress=False)
     assert clean.state == JobState.SUCCEEDED
     assert json.loads((out / "final.json").read_text()) == json.loads((tmp_path / "clean" / "final.json").read_text())

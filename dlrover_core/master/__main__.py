@@ -220,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     drain_s = job.failure.stop_grace_s + 3 * job.heartbeat_interval_s + 5.0
     journal_s = soft_state_journal_s(job.nodes.max)
     finished_at: float | None = None
+    drained = False
     last_journal = 0.0
     while True:
         master.tick()
@@ -230,14 +231,16 @@ def main(argv: list[str] | None = None) -> int:
             master.cancel(Cancel(reason="the process that started the job exited"))
         if master.state.is_terminal:
             finished_at = finished_at or time.monotonic()
-            if master.drained() or time.monotonic() - finished_at > drain_s:
+            drained = master.drained()
+            if drained or time.monotonic() - finished_at > drain_s:
                 break
         time.sleep(0.1)  # (a signal cancels the job on the watcher's thread; the next pass sees it)
     result = master.result()
     _write_atomic(run.goodput, json.dumps(master.status().goodput, indent=2))
     _write_atomic(run.result, json.dumps(result.to_dict(), indent=2))
     journal.remove()
-    time.sleep(0.2)  # let agents read their last "stop"
+    if not drained:
+        time.sleep(0.2)  # let agents still there read their last "stop" (drained: every one has exited)
     server.stop()
     log.info("master_exited", state=result.state.value)
     return 0

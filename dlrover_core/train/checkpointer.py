@@ -247,6 +247,10 @@ class Checkpointer:
                      "persist_every_steps": persist_every_steps, "keep_last": keep_last}
         self.config = attrs.evolve(cfg, **{k: v for k, v in overrides.items() if v is not None})
         self.storage: CheckpointStorage = get_host().registries.storage.get(self.config.storage)(self.config.dir)
+        #: bytes this process read from checkpoint storage (every ``storage.read``, and the files
+        #: a reshard hands to DCP); ``checkpoint_restored`` logs what a load read
+        self.storage_bytes_read = 0
+        self.storage.read = self._counted(self.storage.read)  # type: ignore[method-assign]
         self._job_id = os.environ.get(env.JOB_ID, "")
         self._node_id = os.environ.get(env.NODE_ID)
         self._round = int(os.environ.get(env.ROUND, "0"))
@@ -528,7 +532,7 @@ class Checkpointer:
         if is_live() and is_joiner() and sharded_join is None:  # its state comes from a live peer, in train.steps()
             log.info("checkpoint_load_skipped", reason="a replacement joins the running world with its peers' state")
             return None
-        t0 = time.monotonic()
+        t0, read_before = time.monotonic(), self.storage_bytes_read
         rank, world_size = _rank_world()
         if sharded_join is not None:  # a sharded job's replacement: its shard of the step its peers resume after
             plan = RestoreDecision(state="ready", source="memory" if sharded_join.resume_step >= 0 else "fresh",
@@ -563,8 +567,17 @@ class Checkpointer:
         writer = get_writer()
         writer.write(RestoreRecord(step=step, source=source, load_s=round(load_s, 6)))
         writer.mark()
-        log.info("checkpoint_restored", rank=rank, step=step, source=source, load_s=round(load_s, 4))
+        log.info("checkpoint_restored", rank=rank, step=step, source=source, load_s=round(load_s, 4),
+                 storage_bytes=self.storage_bytes_read - read_before)
         return Restored(step=step, state=restored["state"], source=source, load_s=load_s)
+
+    def _counted(self, read: Callable[[str], bytes]) -> Callable[[str], bytes]:
+        def counted(path: str) -> bytes:
+            data = read(path)
+            self.storage_bytes_read += len(data)
+            return data
+
+        return counted
 
     def _read_shard(self, step: int, rank: int) -> tuple[bytes, dict[str, Any]]:
         """This rank's shard of committed ``step`` (or rank 0's when the step was saved by
@@ -606,9 +619,13 @@ class Checkpointer:
             log.warning("checkpoint_rank_missing", rank=rank, saved_world_size=saved_world, using_rank=src_rank)
             tree = without_rng(tree)
         if state is not None and (saved_world != world_size or shards_differ(views, state)):
-            views = reshard(Path(self.storage.url.removeprefix("file://")) / step_dir(step), views, state,
-                             storage=self.storage, sharded=json.loads(metadata.get(DTENSORS_KEY, "[]")),
-                             files=[s["file"] for s in (meta.get("shards") or {}).values() if "file" in s])
+            files = [s["file"] for s in (meta.get("shards") or {}).values() if "file" in s]
+            step_path = Path(self.storage.url.removeprefix("file://")) / step_dir(step)
+            if step_path.is_dir():  # (what DCP reads: the commit's files)
+                self.storage_bytes_read += sum(p.stat().st_size for p in step_path.glob("*.safetensors")
+                                               if not files or p.name in files)
+            views = reshard(step_path, views, state, storage=self.storage,
+                            sharded=json.loads(metadata.get(DTENSORS_KEY, "[]")), files=files)
         return restore_tree(tree, views, state, copy=True)
 
 

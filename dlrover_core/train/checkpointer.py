@@ -247,10 +247,10 @@ class Checkpointer:
                      "persist_every_steps": persist_every_steps, "keep_last": keep_last}
         self.config = attrs.evolve(cfg, **{k: v for k, v in overrides.items() if v is not None})
         self.storage: CheckpointStorage = get_host().registries.storage.get(self.config.storage)(self.config.dir)
-        #: bytes this process read from checkpoint storage (every ``storage.read``, and the files
-        #: a reshard hands to DCP); ``checkpoint_restored`` logs what a load read
+        #: bytes of checkpoint files this process read from storage (each step's
+        #: ``checkpoint.json`` and shard, and the files a reshard hands to DCP; not the few
+        #: bytes of the ``latest`` marker); ``checkpoint_restored`` logs what a load read
         self.storage_bytes_read = 0
-        self.storage.read = self._counted(self.storage.read)  # type: ignore[method-assign]
         self._job_id = os.environ.get(env.JOB_ID, "")
         self._node_id = os.environ.get(env.NODE_ID)
         self._round = int(os.environ.get(env.ROUND, "0"))
@@ -571,26 +571,23 @@ class Checkpointer:
                  storage_bytes=self.storage_bytes_read - read_before)
         return Restored(step=step, state=restored["state"], source=source, load_s=load_s)
 
-    def _counted(self, read: Callable[[str], bytes]) -> Callable[[str], bytes]:
-        def counted(path: str) -> bytes:
-            data = read(path)
-            self.storage_bytes_read += len(data)
-            return data
-
-        return counted
+    def _read_storage(self, path: str) -> bytes:
+        data = self.storage.read(path)
+        self.storage_bytes_read += len(data)
+        return data
 
     def _read_shard(self, step: int, rank: int) -> tuple[bytes, dict[str, Any]]:
         """This rank's shard of committed ``step`` (or rank 0's when the step was saved by
         fewer ranks), checked: ``checkpoint.json`` readable, header parseable, CRC32 equal to
         the committed one. Raises CheckpointError naming what is wrong."""
         try:
-            meta = json.loads(self.storage.read(f"{step_dir(step)}/checkpoint.json"))
+            meta = json.loads(self._read_storage(f"{step_dir(step)}/checkpoint.json"))
             saved_world = int(meta["world_size"])
             src_rank = rank if rank < saved_world else 0
             entry = (meta.get("shards") or {}).get(str(src_rank), {})
             name = entry.get("file")
             path = f"{step_dir(step)}/{name}" if name else shard_path(step, src_rank)
-            data = self.storage.read(path)
+            data = self._read_storage(path)
         except (OSError, KeyError, ValueError) as exc:
             raise CheckpointError(f"committed step {step} in {self.storage.url!r} is unreadable: "
                                   f"{type(exc).__name__}: {exc}") from exc

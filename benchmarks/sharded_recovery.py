@@ -183,6 +183,7 @@ def run_dlrover(tmp: Path, a: argparse.Namespace, name: str, *, live: bool = Tru
                 "digest": digest(out)}
     m = measure(out, killed_at, started, ended)
     m["recovery"] = [f.recovery for f in result.failures]
+    m["actions"] = [f.action for f in result.failures]  # (why a failure restarted every worker)
     m["bytes_read_from_storage"] = storage_bytes(Path(result.log_dir))
     m["digest"] = digest(out)
     # whether the replacement(s) started from a warm standby (torch imported) or cold

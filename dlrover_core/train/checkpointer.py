@@ -322,8 +322,8 @@ class Checkpointer:
         rank, world_size = _rank_world()
         snapshots = self._snapshots(rank)
         if snapshots is None or (self._saved_state is None and not rng_only):
-            raise CheckpointError(f"cannot go back to step {step}: {self._memory_off_reason or 'this Checkpointer '}"
-                                  f"{'' if self._memory_off_reason else 'neither saved nor loaded a state'}")
+            why = self._memory_off_reason or "this Checkpointer neither saved nor loaded a state"
+            raise CheckpointError(f"cannot go back to step {step}: {why}")
         t0 = time.monotonic()
         try:
             with snapshots.read(step, world_size) as (views, metadata):
@@ -616,13 +616,12 @@ class Checkpointer:
             log.warning("checkpoint_rank_missing", rank=rank, saved_world_size=saved_world, using_rank=src_rank)
             tree = without_rng(tree)
         if state is not None and (saved_world != world_size or shards_differ(views, state)):
-            files = [s["file"] for s in (meta.get("shards") or {}).values() if "file" in s]
             step_path = Path(self.storage.url.removeprefix("file://")) / step_dir(step)
-            if step_path.is_dir():  # (what DCP reads: the commit's files)
-                self.storage_bytes_read += sum(p.stat().st_size for p in step_path.glob("*.safetensors")
-                                               if not files or p.name in files)
+            files = ([s["file"] for s in (meta.get("shards") or {}).values() if "file" in s]
+                     or [p.name for p in step_path.glob("*.safetensors")])
             views = reshard(step_path, views, state, storage=self.storage,
                             sharded=json.loads(metadata.get(DTENSORS_KEY, "[]")), files=files)
+            self.storage_bytes_read += sum((step_path / f).stat().st_size for f in files)  # (what DCP read)
         return restore_tree(tree, views, state, copy=True)
 
 

@@ -645,8 +645,10 @@ def _reset_fsdp(state: dict[str, Any]) -> None:
             seen.add(id(candidate))
             for module in candidate.modules():
                 if isinstance(module, module_type) and getattr(module._get_fsdp_state(), "_is_root", None):
-                    with contextlib.suppress(Exception):  # (its aborted group's works fail: nothing to wait for)
+                    try:
                         module.reset_iter_state()
+                    except Exception as exc:  # its aborted group's works fail: nothing left to wait for
+                        log.debug("fsdp_reset_work_failed", error=f"{type(exc).__name__}: {exc}")
 
 
 def _zero_grads(state: dict[str, Any]) -> None:

@@ -97,10 +97,9 @@ def init(*, timeout_s: float | None = None) -> WorkerInfo:
     info = attrs.evolve(info, accelerator=accelerator.name, device=accelerator.device_for(info.local_rank))
     if info.device.type != "cpu":
         getattr(torch, info.device.type).set_device(info.device)
-    global _backend, _timeout_s
+    global _backend, _timeout_s, _sharded_off
     _backend, _timeout_s = accelerator.dist_backend, timeout_s
     sharded = is_live() and job is not None and job.live_sharded
-    global _sharded_off
     if sharded and accelerator.dist_backend not in VERIFIED_SHARDED_BACKENDS:
         _sharded_off = (f"live recovery of sharded state over {accelerator.dist_backend} is not verified yet (only "
                         f"{', '.join(VERIFIED_SHARDED_BACKENDS)}): this job's failures restart every worker")

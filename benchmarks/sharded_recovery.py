@@ -164,7 +164,8 @@ def run_dlrover(tmp: Path, a: argparse.Namespace, name: str, *, live: bool = Tru
                     "--out", str(out)],
               nodes=Nodes(min=nodes, max=nodes, nproc_per_node=2 // nodes), accelerator="cpu",
               parallel=Parallel(["fsdp"]),
-              checkpoint=Checkpoint(dir=str(tmp / f"{name}-ck"), persist_every_steps=a.ckpt_every, **ck),
+              checkpoint=Checkpoint(dir=str(tmp / f"{name}-ck"), persist_every_steps=a.ckpt_every,
+                                    memory_every_steps=a.memory_every, **ck),
               failure=Failure(max_restarts=3, live_recovery=live), log_dir=str(tmp / "runs"))
     started = time.time()
     run = job.submit()
@@ -227,6 +228,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--kill-step", type=int, default=40, help="(after the node's standbys are up, as in a long job)")
     p.add_argument("--ckpt-every", type=int, default=10)
+    p.add_argument("--memory-every", type=int, default=1,
+                   help="Checkpoint.memory_every_steps on our sides (1: a snapshot every step)")
     p.add_argument("--step-sleep", type=float, default=0.1)
     p.add_argument("--width", type=int, default=6700, help="6700: 256 MiB of state per rank (parameters + AdamW)")
     p.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "sharded_recovery.json"))

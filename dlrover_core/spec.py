@@ -196,6 +196,12 @@ class Checkpoint:
             ``/sys/class/net/<interface>/speed``), 1,000 MB/s where the interface does
             not say, and no limit between two nodes of one host (loopback)
             (:func:`dlrover_core.agent.replicas.replica_budget`).
+        replica_cpu_share: the most of one CPU core a node's replica puller uses on average
+            (its thread's CPU time; ``0 < share <= 1``): after a pass that took ``c``
+            CPU-seconds it waits ``c / share`` at least, so where the training keeps every
+            core busy a large snapshot is replicated every few steps rather than slowing
+            each one (a lost node then recomputes those few steps). Default ``0.1``; ``1.0``
+            refreshes the replicas as fast as the bandwidth budget allows.
     """
 
     dir: str = "checkpoints"
@@ -206,10 +212,15 @@ class Checkpoint:
     persist_timeout_s: float = 600.0
     replicas: int | None = None
     replica_mb_per_s: float | None = None
+    replica_cpu_share: float = 0.1
 
     def __attrs_post_init__(self) -> None:
         _positive_number("checkpoint.replica_mb_per_s", self.replica_mb_per_s, allow_none=True,
                          unit="MB per second")
+        if isinstance(self.replica_cpu_share, bool) or not isinstance(self.replica_cpu_share, (int, float)) or not (
+                0 < self.replica_cpu_share <= 1):
+            raise JobSpecError("checkpoint.replica_cpu_share", self.replica_cpu_share,
+                               "a share of one CPU core, > 0 and <= 1 (1.0: no limit)")
         if self.replicas is not None and (isinstance(self.replicas, bool) or self.replicas not in (0, 1)):
             raise JobSpecError("checkpoint.replicas", self.replicas, "0, 1 or None (1 where there is more than one node)")
         if not isinstance(self.dir, str) or not self.dir:

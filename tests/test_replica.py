@@ -5,6 +5,7 @@ killed while it writes leaves no slot that reads as valid."""
 
 from __future__ import annotations
 
+import io
 import os
 import random
 import signal
@@ -22,6 +23,9 @@ from dlrover_core.checkpoint.replica import (
     PREAMBLE_SIZE,
     ReplicaError,
     frame_header,
+    read_preamble,
+    receive_frame,
+    send_frame,
     take_frame,
     verify_frame,
     write_frame,
@@ -97,9 +101,64 @@ def test_a_damaged_frame_is_refused_and_the_slot_keeps_what_it_held(job_id, seed
     else:
         at = rng.randrange(PREAMBLE_SIZE, len(damaged)) if rng.random() < 0.9 else rng.randrange(8)
         damaged[at] ^= 1 << rng.randrange(8)
-    with pytest.raises(ReplicaError, match="CRC32|bytes|magic|preamble"):
+    with pytest.raises(ReplicaError, match="checksum|bytes|magic|preamble|torn"):
         write_frame(dst, damaged)
     assert values_of(dst) == (1, {1.0})
+
+
+def streamed(slot: SnapshotSlot, *, chunk_bytes: int = 1 << 20) -> tuple[bytes, bool]:
+    """(the frame :func:`send_frame` streams out of ``slot``'s newest snapshot, whether whole)."""
+    out = io.BytesIO()
+    whole = send_frame(slot, slot.header(), out.write, chunk_bytes=chunk_bytes)
+    return out.getvalue(), whole
+
+
+def received(slot: SnapshotSlot, frame: bytes, *, chunk_bytes: int = 1 << 20):
+    """:func:`receive_frame` of ``frame`` into ``slot``, read from a stream as a socket gives it."""
+    stream = io.BytesIO(frame)
+    return receive_frame(slot, read_preamble(stream.readinto), stream.readinto, chunk_bytes=chunk_bytes)
+
+
+def test_a_streamed_frame_equals_the_copied_one_and_lands_in_the_slot_whole(job_id):
+    """send_frame (no lock, no copy) gives the bytes take_frame (a copy under a lock) gives;
+    receive_frame reads them straight into a slot that MemorySnapshots then restores from."""
+    ours = MemorySnapshots(job_id=job_id, node_id=0, rank=1, round_index=3)
+    ours.save(build_layout(state_at(7, 300_000), step=7, rank=1, world_size=2), step=7, world_size=2, persist=True)
+    slot = next(s for s in ours.slots if (h := s.header()) is not None and h.live)
+    frame, whole = streamed(slot, chunk_bytes=64 << 10)  # many chunks
+    assert whole and frame == bytes(take_frame(slot, rank=1))
+    dst = SnapshotSlot.open(segment_name(job_id, 1, 1, 0), create=True)
+    h = received(dst, frame, chunk_bytes=100_000)  # chunks that do not divide the frame's parts
+    assert (h.rank, h.step, h.round) == (1, 7, 3)
+    assert values_of(dst) == (7, {7.0})
+    theirs = MemorySnapshots(job_id=job_id, node_id=1, rank=1)
+    assert theirs.held(2) == [(7, 3)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_damaged_or_cut_stream_publishes_nothing(job_id, seed):
+    """A flipped bit after the preamble, a stream cut short (the sender died), or a frame
+    whose sender saw its slot re-published: ReplicaError, and the slot reads as empty (it
+    held the older of two replicas), never as a torn snapshot."""
+    rng = random.Random(seed)
+    src = MemorySnapshots(job_id=job_id, node_id=0, rank=0)
+    src.save(build_layout(state_at(3, 50_000), step=3, rank=0, world_size=1), step=3, world_size=1, persist=False)
+    frame, _ = streamed(next(s for s in src.slots if (h := s.header()) is not None and h.live))
+    dst = SnapshotSlot.open(segment_name(job_id, 1, 0, 0), create=True)
+    received(dst, frame)  # it held a whole replica before
+    damaged = bytearray(frame)
+    kind = seed % 3
+    if kind == 0:
+        at = rng.randrange(PREAMBLE_SIZE, len(damaged))
+        damaged[at] ^= 1 << rng.randrange(8)
+    elif kind == 1:
+        damaged = damaged[: rng.randrange(PREAMBLE_SIZE, len(damaged))]
+    else:
+        damaged[-4] = 0  # the trailer's "whole" flag: the sender's slot was re-published meanwhile
+    with pytest.raises(ReplicaError, match="checksum|truncated|torn"):
+        received(dst, bytes(damaged))
+    h = dst.header()
+    assert h is None or not h.live
 
 
 WRITER = textwrap.dedent("""
@@ -137,9 +196,10 @@ RECEIVER = textwrap.dedent("""
 def test_frames_taken_while_a_writer_saves_and_dies_are_whole_seeded(job_id, tmp_path, seed):
     """A writer process saves a snapshot of every step into the two slots as fast as it can,
     with sizes changing, and is SIGKILLed and restarted at random moments; frames are taken
-    meanwhile at random moments. Every frame taken verifies, and its data is all of its own
-    step (none torn by a concurrent save); receivers SIGKILLed while they write a frame
-    into a slot leave it invalid or whole, never torn."""
+    (copied under a lock) or streamed (no lock) meanwhile at random moments. Every frame
+    taken verifies, and its data is all of its own step (none torn by a concurrent save);
+    a streamed frame is either refused as torn or whole and of its own step; receivers
+    SIGKILLed while they write a frame into a slot leave it invalid or whole, never torn."""
     rng = random.Random(seed)
     here = os.path.dirname(__file__)
     (tmp_path / "writer.py").write_text(WRITER)
@@ -151,7 +211,7 @@ def test_frames_taken_while_a_writer_saves_and_dies_are_whole_seeded(job_id, tmp
 
     slots = [SnapshotSlot.open(segment_name(job_id, 0, 0, s), create=True) for s in range(2)]
     writer = start_writer(0)
-    taken = torn_free = kills = 0
+    taken = torn_free = kills = streams_whole = streams_torn = 0
     frames = []
     try:
         writer.stdout.readline()  # its first snapshot is published
@@ -168,6 +228,25 @@ def test_frames_taken_while_a_writer_saves_and_dies_are_whole_seeded(job_id, tmp
                 next_kill = time.monotonic() + rng.uniform(0.2, 0.8)
             time.sleep(rng.random() * 0.01)
             for slot in rng.sample(slots, 2):
+                h0 = slot.header()
+                if h0 is not None and h0.live and rng.random() < 0.5:  # streamed, no lock: torn or whole
+                    frame, whole = streamed(slot, chunk_bytes=rng.choice([4096, 65536, 1 << 20]))
+                    dst = SnapshotSlot.open(segment_name(job_id, 7, 0, 0), create=True)
+                    try:
+                        h = received(dst, frame)
+                    except ReplicaError as exc:
+                        assert not whole and "torn" in str(exc), exc
+                        streams_torn += 1
+                        continue
+                    finally:
+                        dst.close()
+                    assert whole
+                    dst = SnapshotSlot.open(segment_name(job_id, 7, 0, 0), create=False)
+                    step, values = values_of(dst)
+                    dst.close()
+                    assert step == h.step and values == {float(step)}, (step, values)
+                    streams_whole += 1
+                    continue
                 frame = take_frame(slot, rank=0)
                 if frame is None:
                     continue
@@ -183,7 +262,8 @@ def test_frames_taken_while_a_writer_saves_and_dies_are_whole_seeded(job_id, tmp
     finally:
         writer.kill()
         writer.wait()
-    assert taken >= 20 and torn_free == taken and kills >= 2, (taken, kills)
+    assert taken >= 8 and torn_free == taken and kills >= 2, (taken, kills)
+    assert streams_whole >= 8, (streams_whole, streams_torn)
 
     # receivers killed mid-write: the slot is invalid or holds one whole frame
     name = segment_name(job_id, 8, 0, 0)

@@ -247,7 +247,7 @@ class ElasticAgent:
         ckpt = self.job.checkpoint
         if self._storage is not None and ckpt.memory_every_steps and ckpt.replicas_for(self.job.nodes.max):
             self.replicas = NodeReplicas(job_id=self.job_id, node_id=self.node_id, master_addr=self.client.addr,
-                                         mb_per_s=ckpt.replica_mb_per_s)
+                                         mb_per_s=ckpt.replica_mb_per_s, cpu_share=ckpt.replica_cpu_share)
         answer = self.client.register(Register(node_id=self.node_id, host=socket.gethostname(), pid=os.getpid(),
                                                replica_addr=self.replicas.address if self.replicas else ""))
         self.token = answer.token

@@ -30,6 +30,8 @@ node whose memory is gone, fetches its ranks' two newest replicas before the wor
 
 from __future__ import annotations
 
+import functools
+import http.client
 import http.server
 import os
 import re
@@ -40,10 +42,20 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-import httpx
 import psutil
 
-from dlrover_core.checkpoint.replica import FrameHeader, ReplicaError, frame_header, take_frame, write_frame
+from dlrover_core.checkpoint.replica import (
+    FrameHeader,
+    ReplicaError,
+    ReplicaTornError,
+    ReplicaTruncatedError,
+    frame_header,
+    read_preamble,
+    receive_frame,
+    send_frame,
+    take_frame,
+    write_frame,
+)
 from dlrover_core.checkpoint.shm import SlotHeader, SnapshotSlot, node_prefix, segment_name
 from dlrover_core.logging import get_logger
 
@@ -52,8 +64,6 @@ __all__ = ["NodeReplicas", "ReplicaPuller", "ReplicaServer", "ReplicaStore", "fe
 
 log = get_logger()
 
-#: bytes read from the network between two looks at the bandwidth budget
-_CHUNK = 1 << 20
 #: nice value of the puller's thread: the lowest (``nice -n 19``): training comes first
 _PULL_NICE = 19
 _SLOTS = 2
@@ -75,24 +85,17 @@ def _newest(slots: list[SnapshotSlot], rank: int) -> tuple[SnapshotSlot, SlotHea
     return best
 
 
-def _frame_of(slots: list[SnapshotSlot], rank: int, newer_than: int, older_than: int | None = None,
-              newer_round: int | None = None) -> bytearray | None:
-    """A frame of the newest snapshot of ``rank`` in ``slots`` (a later round's first) newer
-    than step ``newer_than`` — with ``newer_round``: newer than ``(newer_round, newer_than)``
-    as (round, step) — and older than ``older_than``: the other slot when the newest one is
-    being written."""
-    def wanted(round_index: int, step: int) -> bool:
-        newer = step > newer_than if newer_round is None else (round_index, step) > (newer_round, newer_than)
-        return newer and (older_than is None or step < older_than)
+def _pick(slots: list[SnapshotSlot], rank: int, newer_than: int, older_than: int | None = None,
+          newer_round: int | None = None) -> tuple[SnapshotSlot, SlotHeader] | None:
+    """The slot holding the newest snapshot of ``rank`` in ``slots`` (a later round's first)
+    newer than step ``newer_than`` — with ``newer_round``: newer than ``(newer_round,
+    newer_than)`` as (round, step) — and older than ``older_than``, with its header."""
+    def wanted(h: SlotHeader) -> bool:
+        newer = h.step > newer_than if newer_round is None else (h.round, h.step) > (newer_round, newer_than)
+        return newer and (older_than is None or h.step < older_than)
 
-    ranked = sorted(((h.round, h.step, h.seq, i) for i, s in enumerate(slots)
-                     if (h := s.header()) is not None and h.live and h.rank == rank and wanted(h.round, h.step)),
-                    reverse=True)
-    for *_, i in ranked:
-        frame = take_frame(slots[i], rank=rank)  # (re-published meanwhile: check the frame's own identity)
-        if frame is not None and wanted((fh := frame_header(frame)).round, fh.step):
-            return frame
-    return None
+    found = [(s, h) for s in slots if (h := s.header()) is not None and h.live and h.rank == rank and wanted(h)]
+    return max(found, key=lambda sh: (sh[1].round, sh[1].step, sh[1].seq), default=None)
 
 
 class ReplicaStore:
@@ -132,8 +135,23 @@ class ReplicaStore:
         target = next(s for s in slots if newest is None or s is not newest[0])
         return write_frame(target, frame)
 
-    def frame(self, node_id: int, rank: int, newer_than: int = -1, older_than: int | None = None) -> bytearray | None:
-        return _frame_of(self.slots(node_id, rank), rank, newer_than, older_than)
+    def receive(self, node_id: int, h: FrameHeader, read_into: Callable[[memoryview], int], *,
+                on_progress: Callable[[int], None] | None = None) -> FrameHeader:
+        """Read the rest of the frame whose preamble was ``h`` straight into the slot that
+        does not hold the newest replica (:func:`~dlrover_core.checkpoint.replica.receive_frame`).
+
+        Raises:
+            ReplicaError: truncated, damaged or torn (the newest replica held stays).
+            OSError: /dev/shm is full, or the stream failed.
+        """
+        slots = self.slots(node_id, h.rank)
+        newest = _newest(slots, h.rank)
+        target = next(s for s in slots if newest is None or s is not newest[0])
+        return receive_frame(target, h, read_into, on_progress=on_progress)
+
+    def pick(self, node_id: int, rank: int, newer_than: int = -1,
+             older_than: int | None = None) -> tuple[SnapshotSlot, SlotHeader] | None:
+        return _pick(self.slots(node_id, rank), rank, newer_than, older_than)
 
     def held(self) -> list[tuple[int, int, int, int]]:
         """``(node, rank, step, round)`` of the newest whole replica of each rank held."""
@@ -208,29 +226,40 @@ class ReplicaServer:
         newer_than = int((query.get("newer_than") or ["-1"])[0])
         newer_round = int(query["round"][0]) if "round" in query else None
         older_than = int(query["older_than"][0]) if "older_than" in query else None
-        frame = None
+        copy = query.get("copy") == ["1"]
         if m := re.fullmatch(r"/v1/snapshot/(\d+)", url.path):
             rank = int(m[1])
             slots = self._own_slots(rank)
             if not slots:
                 with self._own_lock:
                     self._own.pop(rank, None)  # not created yet: look again next time
-            frame = _frame_of(slots, rank, newer_than, newer_round=newer_round)
+            found = _pick(slots, rank, newer_than, newer_round=newer_round)
         elif m := re.fullmatch(r"/v1/replica/(\d+)/(\d+)", url.path):
-            frame = self.store.frame(int(m[1]), int(m[2]), newer_than, older_than)
+            rank = int(m[2])
+            found = self.store.pick(int(m[1]), rank, newer_than, older_than)
         else:
             request.send_error(404, f"no route {url.path}")
             return
-        if frame is None:
+        frame = None
+        if found is not None and copy:  # the stream was cut by saves last time: a copy, under a lock
+            frame = take_frame(found[0], rank=rank, newer_than=found[1].step - 1)
+            if frame is None or frame_header(frame).seq != found[1].seq:  # re-published meanwhile: next time
+                frame, found = None, None
+        if found is None:
             request.send_response(204)
             request.send_header("Content-Length", "0")
             request.end_headers()
             return
         request.send_response(200)
         request.send_header("Content-Type", "application/octet-stream")
-        request.send_header("Content-Length", str(len(frame)))
+        request.send_header("Content-Length", str(len(frame) if frame is not None else FrameHeader.of(found[1]).frame_len))
         request.end_headers()
-        request.wfile.write(frame)
+        if frame is not None:
+            request.wfile.write(frame)
+            return
+        if url.path.startswith("/v1/snapshot/"):  # a buddy's background pull: training comes first (a
+            _lower_this_thread()  # replacement's fetch of a replica is a recovery: not lowered)
+        send_frame(found[0], found[1], request.wfile.write)
 
     def close(self) -> None:
         self._httpd.shutdown()
@@ -247,61 +276,125 @@ class ReplicaServer:
 _CONNECT_TIMEOUT_S = 3.0
 
 
-def _timeout(timeout_s: float) -> httpx.Timeout:
-    return httpx.Timeout(timeout_s, connect=min(_CONNECT_TIMEOUT_S, timeout_s))
+def _lower_this_thread() -> None:
+    """This thread at the lowest CPU priority (``nice -n 19`` for one thread: Linux's
+    ``setpriority(PRIO_PROCESS, tid)``); where that is not permitted, as it was."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _PULL_NICE)
+    except OSError:
+        pass
 
 
-def _get_frame(client: httpx.Client, url: str, *, max_bytes_per_s: float | None,
-               sleep: Callable[[float], None] = time.sleep) -> bytearray | None:
-    """GET a frame, reading at most ``max_bytes_per_s``; ``None`` on 204."""
+class _Connection:
+    """A kept-alive HTTP connection to another agent's :class:`ReplicaServer` (the standard
+    library's ``http.client``: its responses read straight into a caller's buffer, which
+    is how a frame lands in a slot without a copy)."""
+
+    def __init__(self, address: str, timeout_s: float) -> None:
+        host, port = address.rsplit(":", 1)
+        self.host, self.port, self.timeout_s = host, int(port), timeout_s
+        self._conn: http.client.HTTPConnection | None = None
+
+    def get(self, path: str, receive: Callable[[FrameHeader, Callable[[memoryview], int]], FrameHeader],
+            ) -> FrameHeader | None:
+        """GET ``path``; on 200 hand the frame's preamble and the body's reader to
+        ``receive``; ``None`` on 204.
+
+        Raises:
+            OSError, http.client.HTTPException: the holder cannot be reached or broke off.
+            ReplicaError: the frame was refused (from ``receive``).
+        """
+        if self._conn is None:
+            self._conn = http.client.HTTPConnection(self.host, self.port, timeout=min(_CONNECT_TIMEOUT_S, self.timeout_s))
+            self._conn.connect()
+            assert self._conn.sock is not None
+            self._conn.sock.settimeout(self.timeout_s)
+        try:
+            self._conn.request("GET", path)
+            response = self._conn.getresponse()
+            if response.status == 204:
+                response.read()
+                return None
+            if response.status != 200:
+                raise http.client.HTTPException(f"{path}: HTTP {response.status} {response.read()[:200]!r}")
+            h = receive(read_preamble(response.readinto), response.readinto)
+            if response.read(1):  # (nothing after the frame: the connection stays in step)
+                raise ReplicaError(f"{path}: bytes after the frame's trailer")
+            return h
+        except BaseException:
+            self.close()  # a response cut off half-way leaves the connection out of step
+            raise
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _paced(max_bytes_per_s: float | None, sleep: Callable[[float], object]) -> Callable[[int], None] | None:
+    """An ``on_progress`` that sleeps whenever ``max_bytes_per_s`` is exceeded (``None``: none)."""
+    if not max_bytes_per_s:
+        return None
     t0 = time.monotonic()
-    with client.stream("GET", url) as response:
-        if response.status_code == 204:
-            return None
-        response.raise_for_status()
-        frame = bytearray()
-        for chunk in response.iter_bytes(_CHUNK):
-            frame += chunk
-            if max_bytes_per_s:
-                ahead_s = len(frame) / max_bytes_per_s - (time.monotonic() - t0)
-                if ahead_s > 0:
-                    sleep(ahead_s)
-    return frame
+
+    def on_progress(received: int) -> None:
+        ahead_s = received / max_bytes_per_s - (time.monotonic() - t0)
+        if ahead_s > 0:
+            sleep(ahead_s)
+    return on_progress
 
 
 def fetch_replica(address: str, node_id: int, rank: int, *, into: SnapshotSlot, timeout_s: float = 60.0,
                   newer_than: int = -1, older_than: int | None = None) -> FrameHeader | None:
     """Fetch the newest replica of ``node_id``'s ``rank`` (older than ``older_than`` if given)
     from the agent at ``address`` and publish it into ``into`` (a slot of the replacement's
-    own rank); ``None``: it holds none.
+    own rank), read straight into it; ``None``: it holds none. A stream cut by the holder
+    (its replica re-published meanwhile) is asked for again as a copy.
 
     Raises:
-        ReplicaError: the frame arrived damaged (``into`` untouched).
-        httpx.HTTPError: the holder cannot be reached.
+        ReplicaError: the frame arrived damaged (``into`` left EMPTY).
+        OSError, http.client.HTTPException: the holder cannot be reached.
     """
-    with httpx.Client(base_url=f"http://{address}", timeout=_timeout(timeout_s)) as client:
-        older = "" if older_than is None else f"&older_than={older_than}"
-        frame = _get_frame(client, f"/v1/replica/{node_id}/{rank}?newer_than={newer_than}{older}", max_bytes_per_s=None)
-    return None if frame is None else write_frame(into, frame)
+    connection = _Connection(address, timeout_s)
+    older = "" if older_than is None else f"&older_than={older_than}"
+    path = f"/v1/replica/{node_id}/{rank}?newer_than={newer_than}{older}"
+    try:
+        try:
+            return connection.get(path, lambda h, read_into: receive_frame(into, h, read_into))
+        except ReplicaTornError:
+            return connection.get(path + "&copy=1", lambda h, read_into: receive_frame(into, h, read_into))
+    finally:
+        connection.close()
 
 
 class ReplicaPuller:
     """Pulls the snapshots of a source node's ranks into a :class:`ReplicaStore`, in a
     background thread at the lowest CPU priority, every ``interval_s``, at most
-    ``max_bytes_per_s`` (``None``: unbounded).
+    ``max_bytes_per_s`` (``None``: unbounded), and using at most ``cpu_share`` of one core
+    on average: after a pass that took ``c`` seconds of its thread's CPU time it waits
+    ``c / cpu_share`` at least (``Checkpoint.replica_cpu_share``), so a snapshot that is large
+    against the step time is replicated every few steps instead of taking a core away from
+    the training (``1.0``: no such wait beyond ``interval_s``).
 
-    A frame that fails its checks is logged and dropped; the replica held stays.
+    A frame that fails its checks is logged and dropped; the replica held stays. A rank
+    whose stream was cut by the source's saves (its slot re-published while it was sent)
+    is asked for as a copy next time.
     """
 
     def __init__(self, store: ReplicaStore, *, source_node: int, source_address: str, ranks: list[int],
-                 interval_s: float = 1.0, max_bytes_per_s: float | None = None, timeout_s: float = 60.0) -> None:
+                 interval_s: float = 1.0, max_bytes_per_s: float | None = None, cpu_share: float = 1.0,
+                 timeout_s: float = 60.0) -> None:
+        if not 0 < cpu_share <= 1:
+            raise ValueError(f"cpu_share={cpu_share!r}: give a share of one core in (0, 1]")
         self.store, self.source_node, self.ranks = store, source_node, list(ranks)
-        self.interval_s, self.max_bytes_per_s = interval_s, max_bytes_per_s
-        self._client = httpx.Client(base_url=f"http://{source_address}", timeout=_timeout(timeout_s))
+        self.interval_s, self.max_bytes_per_s, self.cpu_share = interval_s, max_bytes_per_s, cpu_share
+        self._connection = _Connection(source_address, timeout_s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dlrover-replica-puller", daemon=True)
+        self._copy_next: set[int] = set()  # ranks whose last stream was torn
         self.pulled = 0  # frames stored
-        self.refused = 0  # frames dropped (damaged)
+        self.refused = 0  # frames dropped as damaged
+        self.torn = 0  # streams cut by the source's saves (asked for as a copy next)
 
     def start(self) -> ReplicaPuller:
         self._thread.start()
@@ -314,23 +407,27 @@ class ReplicaPuller:
             if self._stop.is_set():
                 break
             held = self.store.newest(self.source_node, rank)
+            after = "newer_than=-1" if held is None else f"newer_than={held.step}&round={held.round}"
+            copy = "&copy=1" if rank in self._copy_next else ""
+            on_progress = _paced(self.max_bytes_per_s, self._stop.wait)
             try:
-                after = "newer_than=-1" if held is None else f"newer_than={held.step}&round={held.round}"
-                frame = _get_frame(self._client, f"/v1/snapshot/{rank}?{after}",
-                                   max_bytes_per_s=self.max_bytes_per_s, sleep=self._stop.wait)
-            except httpx.HTTPError as exc:
+                h = self._connection.get(f"/v1/snapshot/{rank}?{after}{copy}", functools.partial(
+                    self.store.receive, self.source_node, on_progress=on_progress))
+            except ReplicaTornError as exc:
+                self.torn += 1
+                self._copy_next.add(rank)
+                log.debug("replica_torn", node_id=self.source_node, rank=rank, reason=str(exc))
+                continue
+            except (OSError, http.client.HTTPException, ReplicaTruncatedError) as exc:
+                # the source or the link went away, or /dev/shm is full: the replica held stays
                 log.debug("replica_pull_failed", node_id=self.source_node, rank=rank, error=str(exc))
-                continue
-            if frame is None:
-                continue
-            try:
-                h = self.store.put(self.source_node, frame)
-            except OSError as exc:  # /dev/shm full: the replica held stays; try again later
-                log.warning("replica_not_stored", node_id=self.source_node, rank=rank, error=str(exc))
                 continue
             except ReplicaError as exc:
                 self.refused += 1
                 log.warning("replica_refused", node_id=self.source_node, rank=rank, reason=str(exc))
+                continue
+            self._copy_next.discard(rank)
+            if h is None:
                 continue
             self.pulled += 1
             stored += 1
@@ -338,19 +435,22 @@ class ReplicaPuller:
         return stored
 
     def _run(self) -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _PULL_NICE)
-        except OSError:  # not permitted here: at the agent's priority then
-            pass
+        _lower_this_thread()
         while not self._stop.is_set():
+            c0 = time.thread_time()
             self.pull_once()
-            self._stop.wait(self.interval_s)
+            self._stop.wait(self.wait_after(time.thread_time() - c0))
+
+    def wait_after(self, cpu_s: float) -> float:
+        """Seconds to wait after a pass that took ``cpu_s`` seconds of this thread's CPU time:
+        ``interval_s``, or longer, so that the thread's CPU stays within ``cpu_share`` of a core."""
+        return max(self.interval_s, cpu_s / self.cpu_share)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout_s)
-        self._client.close()
+        self._connection.close()
 
 
 #: Share of the link a puller may read at (``Checkpoint.replica_mb_per_s=None``): the rest is
@@ -405,12 +505,13 @@ class NodeReplicas:
         interval_s: how often the puller looks for new snapshots.
         mb_per_s: the puller's bandwidth budget (``Checkpoint.replica_mb_per_s``; ``None``:
             from the link towards each source, :func:`replica_budget`).
+        cpu_share: the puller's share of one core (``Checkpoint.replica_cpu_share``).
     """
 
     def __init__(self, *, job_id: str, node_id: int, master_addr: str, interval_s: float = 0.1,
-                 mb_per_s: float | None = None) -> None:
+                 mb_per_s: float | None = None, cpu_share: float = 1.0) -> None:
         self.job_id, self.node_id = job_id, node_id
-        self.interval_s, self.mb_per_s = interval_s, mb_per_s
+        self.interval_s, self.mb_per_s, self.cpu_share = interval_s, mb_per_s, cpu_share
         self.store = ReplicaStore(job_id=job_id, node_id=node_id, agent=0)
         self.server = ReplicaServer(job_id=job_id, node_id=node_id, agent=0, store=self.store,
                                     host=_address_towards(master_addr))
@@ -459,7 +560,7 @@ class NodeReplicas:
                 assert slot is not None
                 try:
                     h = fetch_replica(address, node_id, rank, into=slot, older_than=older_than)
-                except (httpx.HTTPError, ReplicaError, OSError) as exc:
+                except (OSError, http.client.HTTPException, ReplicaError) as exc:
                     log.warning("replica_fetch_failed", node_id=self.node_id, rank=rank, holder=address, error=str(exc))
                     h = None
                 finally:
@@ -484,7 +585,8 @@ class NodeReplicas:
             log.info("replica_source", node_id=self.node_id, source=source, ranks=list(ranks),
                      mb_per_s=None if budget is None else round(budget / 1e6, 1), budget=why)
             self._puller = ReplicaPuller(self.store, source_node=source, source_address=address, ranks=list(ranks),
-                                         interval_s=self.interval_s, max_bytes_per_s=budget).start()
+                                         interval_s=self.interval_s, max_bytes_per_s=budget,
+                                         cpu_share=self.cpu_share).start()
 
     def close(self) -> None:
         if self._puller is not None:

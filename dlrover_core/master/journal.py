@@ -30,8 +30,10 @@ the write (a relaunch) run after it.
 
 Test hook: ``DLROVER_TEST_CRASH_AT=<point>:<n>`` makes the master exit at once
 (``os._exit``, as a SIGKILL would) right after the ``n``-th journal write for ``point``
-(e.g. ``round_formed:2``); it fires once per log directory (a marker file records it), so
-the restarted master does not crash again. It exists for fault-injection tests only.
+(e.g. ``round_formed:2``) of one master's life; it fires once per log directory (a marker
+file records it), so the restarted master does not crash there again. Several points,
+comma-separated, crash one job's master once at each (the restarted master counts afresh).
+It exists for fault-injection tests only.
 """
 
 from __future__ import annotations
@@ -64,18 +66,21 @@ def write_atomic(path: Path, text: str) -> None:
     _write_atomic(path, text, fsync=True)
 
 
-def _parse_crash_at(value: str | None) -> tuple[str, int] | None:
-    if not value:
-        return None
-    point, _, count = value.partition(":")
-    try:
-        n = int(count or "1")
-    except ValueError:
-        n = 0
-    if not point or n < 1:
-        raise DLRoverError(f"{CRASH_AT_ENV}={value!r} is not <journal point>:<n> (e.g. round_formed:2); "
-                           "it is a fault-injection hook for tests: unset it")
-    return point, n
+def _parse_crash_at(value: str | None) -> list[tuple[str, int]]:
+    points = []
+    for item in (value or "").split(","):
+        if not item.strip():
+            continue
+        point, _, count = item.strip().partition(":")
+        try:
+            n = int(count or "1")
+        except ValueError:
+            n = 0
+        if not point or n < 1:
+            raise DLRoverError(f"{CRASH_AT_ENV}={value!r} is not <journal point>:<n>[,<journal point>:<n>...] "
+                               "(e.g. round_formed:2); it is a fault-injection hook for tests: unset it")
+        points.append((point, n))
+    return points
 
 
 class Journal:
@@ -181,10 +186,11 @@ class Journal:
     # ----- the test hook ---------------------------------------------------------------------
 
     def _maybe_crash(self, point: str) -> None:
-        if self._crash is None or self._crash[0] != point:
+        wanted = [n for p, n in self._crash if p == point]
+        if not wanted:
             return
         self._counts[point] = n = self._counts.get(point, 0) + 1
-        if n != self._crash[1]:
+        if n not in wanted:
             return
         marker = self.path.with_name(f"test_crash_{point}_{n}.fired")
         if marker.exists():  # the master already crashed here once: this is its successor

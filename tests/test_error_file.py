@@ -72,8 +72,9 @@ def test_the_root_cause_is_each_incidents_first_failure_by_time(records, roots):
 def launch(kind: str, cwd: Path) -> subprocess.CompletedProcess:
     argv = [str(BIN / kind), *(["run"] if kind == "dlrover" else []), "--nproc-per-node", "2", "--max-restarts", "0", str(SCRIPTS / "record_train.py")]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DLROVER_", "TORCHELASTIC_"))}
-    return subprocess.run(argv, cwd=cwd, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                          timeout=120)
+    # (TMPDIR: torchrun's torchelastic_* log directory, which it leaves behind, stays in the test's)
+    return subprocess.run(argv, cwd=cwd, env={**env, "OMP_NUM_THREADS": "1", "TMPDIR": str(cwd)}, capture_output=True,
+                          text=True, timeout=120)
 
 
 @pytest.mark.slow

@@ -217,7 +217,9 @@ def _launch(kind: str, case: Case, root: Path, port: int) -> Outcome:
     for i, host in enumerate(case.hosts):
         with open(cwd / f"host{i}.stdout", "wb") as o, open(cwd / f"host{i}.stderr", "wb") as e:
             procs.append(subprocess.Popen([*command, *flags, *host, entry, "out", *case.args], cwd=cwd,
-                                          env=_clean_env(), stdin=subprocess.DEVNULL, stdout=o, stderr=e,
+                                          # (TMPDIR: torchrun's torchelastic_* log dirs stay in the test's directory)
+                                          env={**_clean_env(), "TMPDIR": str(cwd)}, stdin=subprocess.DEVNULL,
+                                          stdout=o, stderr=e,
                                           start_new_session=True))
     deadline = time.monotonic() + LAUNCH_TIMEOUT_S
     codes = []

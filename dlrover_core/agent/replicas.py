@@ -151,6 +151,8 @@ class ReplicaStore:
 
     def pick(self, node_id: int, rank: int, newer_than: int = -1,
              older_than: int | None = None) -> tuple[SnapshotSlot, SlotHeader] | None:
+        """The slot (and its header) of the newest whole replica of ``node_id``'s ``rank``
+        newer than step ``newer_than`` and older than ``older_than``; ``None``: none."""
         return _pick(self.slots(node_id, rank), rank, newer_than, older_than)
 
     def held(self) -> list[tuple[int, int, int, int]]:

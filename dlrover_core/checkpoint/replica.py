@@ -109,6 +109,7 @@ class FrameHeader:
 
     @classmethod
     def of(cls, h: SlotHeader) -> FrameHeader:
+        """The preamble of a frame of the snapshot whose slot header is ``h``."""
         return cls(rank=h.rank, world_size=h.world_size, round=h.round, step=h.step, seq=h.seq,
                    layout_len=h.layout_len, data_len=h.data_len)
 

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 
@@ -282,3 +283,69 @@ def test_frames_taken_while_a_writer_saves_and_dies_are_whole_seeded(job_id, tmp
             step, values = values_of(slot)
             assert values == {float(step)} and step in {frame_header(f).step for f in frames}
         slot.close()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_replica_streamed_while_the_puller_rewrites_its_slots_is_whole_or_refused_seeded(job_id, seed):
+    """In one agent, the puller's thread writes new replicas into a rank's two replica slots
+    (``ReplicaStore.put``/``receive``: some streams cut short) while the server's thread
+    streams the newest one out (``send_frame``, no lock), as a replacement's fetch does. Every
+    frame the fetch accepts is whole and of one step; every other one is refused as torn
+    or truncated, never published."""
+    from dlrover_core.agent.replicas import ReplicaStore
+    from dlrover_core.checkpoint.replica import ReplicaTruncatedError
+
+    rng = random.Random(seed)
+    src = MemorySnapshots(job_id=job_id, node_id=0, rank=0)
+    frames = []
+    for step in range(6):
+        src.save(build_layout(state_at(step, rng.choice([100, 5000, 60000])), step=step, rank=0, world_size=1),
+                 step=step, world_size=1, persist=False)
+        frames.append(bytes(max((f for s in src.slots if (f := take_frame(s, rank=0)) is not None),
+                                key=lambda f: frame_header(f).step)))
+    store = ReplicaStore(job_id=job_id, node_id=1, agent=1)
+    store.put(0, frames[0])
+    stop = threading.Event()
+    errors = []
+
+    def puller() -> None:
+        prng = random.Random(seed + 100)
+        while not stop.is_set():
+            frame = prng.choice(frames)
+            if prng.random() < 0.3:  # a stream cut short: the target slot ends EMPTY, never torn
+                stream = io.BytesIO(frame[: prng.randrange(PREAMBLE_SIZE + 1, len(frame))])
+                try:
+                    store.receive(0, read_preamble(stream.readinto), stream.readinto)
+                    errors.append("a cut stream was published")
+                except ReplicaTruncatedError:
+                    pass
+            else:
+                store.put(0, frame)
+
+    thread = threading.Thread(target=puller, daemon=True)
+    thread.start()
+    whole = refused = 0
+    dst = SnapshotSlot.open(segment_name(job_id, 2, 0, 0), create=True)
+    try:
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline or whole < 20:
+            assert time.monotonic() < deadline + 30, (whole, refused)
+            found = store.pick(0, 0)
+            if found is None:
+                continue
+            out = io.BytesIO()
+            send_frame(found[0], found[1], out.write, chunk_bytes=rng.choice([4096, 65536]))
+            try:
+                h = received(dst, out.getvalue())
+            except ReplicaError as exc:
+                assert "torn" in str(exc), exc
+                refused += 1
+                continue
+            assert values_of(dst) == (h.step, {float(h.step)})
+            whole += 1
+    finally:
+        stop.set()
+        thread.join(10)
+        dst.close()
+        store.close()
+    assert not errors, errors

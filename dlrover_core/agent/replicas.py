@@ -129,11 +129,7 @@ class ReplicaStore:
         Raises:
             ReplicaError: the frame is damaged (nothing written).
         """
-        h = frame_header(frame)  # which rank (write_frame checks the whole frame)
-        slots = self.slots(node_id, h.rank)
-        newest = _newest(slots, h.rank)
-        target = next(s for s in slots if newest is None or s is not newest[0])
-        return write_frame(target, frame)
+        return write_frame(self._target(node_id, frame_header(frame).rank), frame)  # (it checks the whole frame)
 
     def receive(self, node_id: int, h: FrameHeader, read_into: Callable[[memoryview], int], *,
                 on_progress: Callable[[int], None] | None = None) -> FrameHeader:
@@ -144,10 +140,13 @@ class ReplicaStore:
             ReplicaError: truncated, damaged or torn (the newest replica held stays).
             OSError: /dev/shm is full, or the stream failed.
         """
-        slots = self.slots(node_id, h.rank)
-        newest = _newest(slots, h.rank)
-        target = next(s for s in slots if newest is None or s is not newest[0])
-        return receive_frame(target, h, read_into, on_progress=on_progress)
+        return receive_frame(self._target(node_id, h.rank), h, read_into, on_progress=on_progress)
+
+    def _target(self, node_id: int, rank: int) -> SnapshotSlot:
+        """The slot a new replica of ``node_id``'s ``rank`` goes into: not the newest one's."""
+        slots = self.slots(node_id, rank)
+        newest = _newest(slots, rank)
+        return next(s for s in slots if newest is None or s is not newest[0])
 
     def pick(self, node_id: int, rank: int, newer_than: int = -1,
              older_than: int | None = None) -> tuple[SnapshotSlot, SlotHeader] | None:

@@ -255,21 +255,17 @@ def write_frame(slot: SnapshotSlot, frame: bytes | bytearray | memoryview) -> Fr
         ReplicaError: the frame is not whole (nothing written).
         OSError: /dev/shm cannot hold it (ENOSPC from ``posix_fallocate``).
     """
-    h = verify_frame(frame)
-    view = memoryview(frame)
-    data_off = _data_off(h.layout_len)
-    slot.lock(exclusive=True)
-    try:
-        slot.ensure_size(_slot_bytes(h))
-        slot.begin_write()
-        assert slot.mm is not None
-        slot.mm[HEADER_SIZE : HEADER_SIZE + h.layout_len] = view[PREAMBLE_SIZE : PREAMBLE_SIZE + h.layout_len]
-        slot.mm[data_off : data_off + h.data_len] = view[PREAMBLE_SIZE + h.layout_len : PREAMBLE_SIZE + h.layout_len
-                                                         + h.data_len]
-        _publish(slot, h)
-    finally:
-        slot.unlock()
-    return h
+    h = verify_frame(frame)  # first: a frame that is not whole never touches the slot
+    view, at = memoryview(frame), PREAMBLE_SIZE
+
+    def read_into(into: memoryview) -> int:  # the frame as the stream receive_frame reads
+        nonlocal at
+        n = min(len(into), len(view) - at)
+        into[:n] = view[at : at + n]
+        at += n
+        return n
+
+    return receive_frame(slot, h, read_into)
 
 
 def _read_exactly(read_into: Callable[[memoryview], int], into: memoryview) -> None:

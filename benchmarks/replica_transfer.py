@@ -18,6 +18,7 @@ kernel twice, socket in and out, and checksummed twice, CRC32 both sides).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -77,7 +78,7 @@ def main() -> int:
                "memcpy_s": round(statistics.median(copies), 4)}
     ratios = {"cpu_per_pull_vs_memcpy": round(medians["cpu_s_per_pull"] / medians["memcpy_s"], 2),
               "pull_gb_per_s": round(n * 4 / 1e9 / medians["wall_s_per_pull"], 2)}
-    doc = {"benchmark": "replica_transfer", "config": {**vars(a), "cpus": __import__("os").cpu_count()},
+    doc = {"benchmark": "replica_transfer", "config": {**vars(a), "cpus": os.cpu_count()},
            "medians": medians, "ratios": ratios, "runs": {"cpu_s": cpu, "wall_s": wall, "memcpy_s": copies}}
     write_result(a.json, doc)
     print(doc["medians"], doc["ratios"])

@@ -20,6 +20,7 @@ __all__ = [
     "NODE_ID",
     "PROGRESS_FILE",
     "ROUND",
+    "REPLICA_PINS",
     "LIVE_JOIN",
     "WATCH_PID",
     "WORKER_EXEC",
@@ -54,6 +55,9 @@ ROUND = "DLROVER_ROUND"
 PROGRESS_FILE = "DLROVER_PROGRESS_FILE"
 #: A pid to watch: the process exits when that process is gone (local scheduler).
 WATCH_PID = "DLROVER_WATCH_PID"
+#: ``1`` when another node keeps replicas of this node's snapshots in the worker's round:
+#: every snapshot is published pinned until the agent releases it (:mod:`dlrover_core.checkpoint.memory`)
+REPLICA_PINS = "DLROVER_REPLICA_PINS"
 #: "1" in a worker that replaces a failed one and joins the running world with its peers' live state
 LIVE_JOIN = "DLROVER_LIVE_JOIN"
 #: "1" in an agent's environment: run the entrypoint as an executable, without ``python``

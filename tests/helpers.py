@@ -270,22 +270,3 @@ def check_committed_steps(ck: Path, *, replicated_prefix: str = "state/model/") 
                     assert torch.equal(model[k], reference[k]), f"step {step}: rank {rank}'s {k} differs from rank 0's"
         steps.append(step)
     return steps
-
-
-def replica_step(job_id: str, *, holder: int = 0, source: int = 1, rank: int = 1) -> int:
-    """The newest step of ``rank``'s snapshot (from node ``source``) held as a replica in node
-    ``holder``'s memory (-1: none yet), read from the segments' headers."""
-    from dlrover_core.checkpoint.shm import SHM_DIR, SnapshotSlot
-
-    steps = [-1]
-    for path in SHM_DIR.glob(f"dlrover-{job_id}-n{holder}-*-x{source}-r{rank}-s*"):
-        slot = SnapshotSlot.open(path.name, create=False)
-        if slot is None:
-            continue
-        try:
-            h = slot.header()
-            if h is not None and h.live:
-                steps.append(h.step)
-        finally:
-            slot.close()
-    return max(steps)

@@ -395,6 +395,8 @@ class ElasticAgent:
         action = answer.action
         if round_index is None:
             return Action.NONE
+        if self.replicas is not None and answer.replica_source >= 0:  # (a source relaunched in a live recovery)
+            self.replicas.follow(answer.replica_source, answer.replica_source_addr, answer.replica_source_ranks)
         if action != Action.NONE:
             with self._state_lock:
                 if self._round == round_index and self._ordered is None:
@@ -492,6 +494,8 @@ class ElasticAgent:
         if self.saver is not None:
             self._saver_ranks = {w.rank for w in self.workers}
             self.saver.set_ranks(sorted(self._saver_ranks))
+            if self.replicas is not None:
+                self.replicas.set_ranks(sorted(self._saver_ranks))
         log.info("workers_started", node_id=self.node_id, round=world.round, ranks=[w.rank for w in self.workers],
                  pids=[w.pid for w in self.workers], warm=[w.warm for w in self.workers])
 
@@ -584,6 +588,8 @@ class ElasticAgent:
             # workers took other ranks in the live world: their snapshots are named by them
             self._saver_ranks |= held
             self.saver.set_ranks(sorted(self._saver_ranks))
+            if self.replicas is not None:
+                self.replicas.set_ranks(sorted(self._saver_ranks))
         return steps, records, saves, taken
 
     def _heartbeat(self, round_index: int) -> Action:

@@ -94,6 +94,8 @@ def worker_env(
         env.ACCELERATOR: accelerator.name,
         env.PROGRESS_FILE: progress_file,
         env.WATCH_PID: str(agent_pid),
+        # placement is a ring: a node that keeps another's replicas has its own kept too
+        env.REPLICA_PINS: "1" if world.replica_source >= 0 and world.replica_source_addr else "0",
     }
     threads = omp_num_threads(job, nproc=nproc, environ=os.environ)  # "1" for N > 1, as torchrun does
     if threads is not None:

@@ -3,17 +3,28 @@
 Each agent serves its node's snapshots as replica frames (:mod:`dlrover_core.checkpoint.replica`)
 over HTTP, and the replicas it holds for other nodes::
 
-    GET /v1/snapshot/<rank>?newer_than=<step>&round=<r>  this node's newest snapshot of <rank>
+    GET /v1/steps?ranks=<r>,<r>                         the newest step of each of these ranks (JSON)
+    GET /v1/snapshot/<rank>?round=<r>&seq=<s>&step=<t>&next_s=<w>
+                                                        this node's newest snapshot of <rank> (of step <t>)
     GET /v1/replica/<node>/<rank>?newer_than=<step>    the newest replica held of <node>'s <rank>
 
 answered 200 with the frame (``application/octet-stream``), or 204 when there is nothing
-newer than ``newer_than`` (with ``round``: newer than that snapshot, a later round's
-lineage first: after a restore to an older step, the new lineage's snapshots replace the
-abandoned ones at once). A buddy agent pulls the frames of its source node's ranks in the
-background (:class:`ReplicaPuller`), within a bandwidth budget (:func:`replica_budget`) and at the lowest CPU
+newer: than the snapshot ``(round, seq)`` the asking buddy holds (a later round's first;
+within a round a rank's snapshots are numbered in the order they were written, so after a
+restore to an older step the new lineage's snapshots replace the abandoned ones at once),
+or than step ``newer_than``; 409 when the buddy's snapshot is of a lineage this node went
+back from (the buddy drops it). A buddy's ``round`` and ``seq`` also say which snapshot it
+holds (``ack=1``: only that, right after a pull), and ``next_s`` when it will ask next: the
+source's agent confirms and releases the *replica pins* of its snapshots from that
+(:func:`pins_to_release`; the pins: :mod:`dlrover_core.checkpoint.memory`), so that every
+node keeps the steps a lost node's replicas are of, and holds them while the buddy is silent.
+
+A buddy agent pulls the frames of its source node's ranks in the background
+(:class:`ReplicaPuller`), one step of every rank per pass (the newest step they all hold),
+within a bandwidth budget (:func:`replica_budget`), a share of a core and at the lowest CPU
 priority, and keeps them in two slots per rank (:class:`ReplicaStore`): a frame is written
 into the slot that does not hold the newest whole replica, so a pull cut off half-way, or a
-damaged frame (refused by its CRC32s), never costs the replica already held. When the
+damaged frame (refused by its checksums), never costs the replica already held. When the
 source node is lost, its replacement fetches each rank's newest replica into its own slot
 (:func:`fetch_replica`) and restores from memory, not from storage.
 
@@ -21,10 +32,11 @@ Replica segments are named ``dlrover-<job>-n<holder>-a<agent>-x<node>-r<rank>-s<
 under the holder agent's prefix (:func:`~dlrover_core.checkpoint.shm.node_prefix`), so they
 go with its other segments when it exits or is replaced.
 
-The agent holds one :class:`NodeReplicas`: it serves, pulls from the source the master
-names in each round (``RoundAssignment.replica_source``, placed on another host:
-:mod:`dlrover_core.master.replicas`), reports what it holds in every heartbeat, and, for a
-node whose memory is gone, fetches its ranks' two newest replicas before the workers start
+The agent holds one :class:`NodeReplicas`: it serves, keeps its node's pins, pulls from the
+source the master names in each round (``RoundAssignment.replica_source``, placed on another
+host: :mod:`dlrover_core.master.replicas`; a source relaunched within the round is named
+again in the heartbeat answers), reports what it holds in every heartbeat, and, for a node
+whose memory is gone, fetches its ranks' two newest replicas before the workers start
 (``RoundAssignment.replica_holders``), so the restore finds a step every rank holds.
 """
 
@@ -33,17 +45,19 @@ from __future__ import annotations
 import functools
 import http.client
 import http.server
+import json
 import os
 import re
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import psutil
 
+from dlrover_core.checkpoint.memory import SLOTS
 from dlrover_core.checkpoint.replica import (
     FrameHeader,
     ReplicaError,
@@ -56,17 +70,34 @@ from dlrover_core.checkpoint.replica import (
     take_frame,
     write_frame,
 )
-from dlrover_core.checkpoint.shm import SlotHeader, SnapshotSlot, node_prefix, segment_name
+from dlrover_core.checkpoint.shm import (
+    PIN_CONFIRMED,
+    PIN_HELD,
+    PIN_KEPT,
+    PIN_RELEASED,
+    SlotHeader,
+    SnapshotSlot,
+    node_prefix,
+    segment_name,
+)
 from dlrover_core.logging import get_logger
 
-__all__ = ["NodeReplicas", "ReplicaPuller", "ReplicaServer", "ReplicaStore", "fetch_replica", "replica_budget",
-           "replica_segment_name"]
+__all__ = ["NodeReplicas", "ReplicaPuller", "ReplicaServer", "ReplicaStore", "fetch_replica", "pins_to_release",
+           "replica_budget", "replica_segment_name"]
 
 log = get_logger()
 
 #: nice value of the puller's thread: the lowest (``nice -n 19``): training comes first
 _PULL_NICE = 19
+#: slots of each replica a holder keeps: the newest whole one and the one being written
 _SLOTS = 2
+#: Seconds past the time a buddy said it would ask next after which it is *silent* (lost,
+#: or its puller stopped): the source's pins are then held, no longer waited for.
+_BUDDY_GRACE_S = 3.0
+#: Snapshots older than the buddy's newest that a node keeps pinned (see :func:`pins_to_release`)
+_KEEP_BEFORE = 1
+#: How often the source's agent looks at its pins besides each buddy request (seconds).
+_PIN_TICK_S = 0.25
 
 
 def replica_segment_name(job_id: str, holder: int, agent: int, node_id: int, rank: int, slot: int) -> str:
@@ -75,27 +106,80 @@ def replica_segment_name(job_id: str, holder: int, agent: int, node_id: int, ran
     return f"{node_prefix(job_id, holder, agent)}x{node_id}-r{rank}-s{slot}"
 
 
+def _order(h: SlotHeader) -> tuple[int, int]:
+    """Newest first by this: a later round's snapshot, then the later written (``seq``:
+    after a restore to an older step, the new lineage's snapshots are the newer ones)."""
+    return (h.round, h.seq)
+
+
 def _newest(slots: list[SnapshotSlot], rank: int) -> tuple[SnapshotSlot, SlotHeader] | None:
-    best = None
-    for slot in slots:
-        h = slot.header()
-        if h is not None and h.live and h.rank == rank and (
-                best is None or (h.round, h.step, h.seq) > (best[1].round, best[1].step, best[1].seq)):
-            best = (slot, h)
-    return best
+    return _pick(slots, rank, -1)
 
 
 def _pick(slots: list[SnapshotSlot], rank: int, newer_than: int, older_than: int | None = None,
-          newer_round: int | None = None) -> tuple[SnapshotSlot, SlotHeader] | None:
-    """The slot holding the newest snapshot of ``rank`` in ``slots`` (a later round's first)
-    newer than step ``newer_than`` — with ``newer_round``: newer than ``(newer_round,
-    newer_than)`` as (round, step) — and older than ``older_than``, with its header."""
+          after: tuple[int, int] | None = None, step: int | None = None) -> tuple[SnapshotSlot, SlotHeader] | None:
+    """The slot holding the newest snapshot of ``rank`` in ``slots`` (:func:`_order`) newer
+    than step ``newer_than`` — with ``after``: than the snapshot ``(round, seq)`` — older
+    than step ``older_than`` and of step ``step`` where given, with its header."""
     def wanted(h: SlotHeader) -> bool:
-        newer = h.step > newer_than if newer_round is None else (h.round, h.step) > (newer_round, newer_than)
-        return newer and (older_than is None or h.step < older_than)
+        newer = h.step > newer_than if after is None else _order(h) > after
+        return newer and (older_than is None or h.step < older_than) and (step is None or h.step == step)
 
     found = [(s, h) for s in slots if (h := s.header()) is not None and h.live and h.rank == rank and wanted(h)]
-    return max(found, key=lambda sh: (sh[1].round, sh[1].step, sh[1].seq), default=None)
+    return max(found, key=lambda sh: _order(sh[1]), default=None)
+
+
+def _abandoned(slots: list[SnapshotSlot], rank: int, held: tuple[int, int]) -> bool:
+    """Whether a buddy's replica ``held`` (``(round, seq)``) of ``rank`` is of a lineage
+    this node went back from: newer than every snapshot of its round here, and not one of
+    them (a node with no snapshot of that round yet, e.g. a replacement about to fetch its
+    replicas, says nothing)."""
+    mine = [_order(h) for slot in slots if (h := slot.header()) is not None and h.live and h.rank == rank
+            and h.round == held[0]]
+    return bool(mine) and held not in mine and held > max(mine)
+
+
+def pins_to_release(own: Mapping[int, Sequence[tuple[int, Hashable]]],
+                    held: Mapping[int, Hashable]) -> tuple[dict[int, set[Hashable]], dict[int, set[Hashable]]]:
+    """Which of a node's pinned snapshots its agent may release, and which it marks
+    *confirmed* (kept, and the buddy holds them or newer): two maps ``rank -> {id}``.
+
+    Args:
+        own: per rank of the node, ``(step, id)`` of each of its complete snapshots of the
+            current lineage (the agent's id: ``(round, seq)``).
+        held: per rank, the id of the newest replica its buddy holds (absent: none).
+
+    The buddy holds, of every rank, a snapshot the rank still has (its newest replica is
+    never released: below); ``h`` is the oldest step of those. Every rank keeps ``h`` and
+    the step before it (and anything newer) and releases the rest. Every node keeps the
+    step before its own ``h`` because another node's buddy may be one snapshot behind:
+    the saves wait for released slots, so the nodes' ``h`` differ by at most one snapshot,
+    and a lost node's newest replica (``h`` of that node, or the one before it) is then
+    always among every other node's snapshots (``tests/test_replica_pins.py`` checks it
+    under random schedules). Nothing is released while the buddy holds no current
+    snapshot of some rank.
+    """
+    steps = []
+    for rank, snapshots in own.items():
+        if not snapshots:
+            continue
+        step = next((st for st, sq in snapshots if sq == held.get(rank)), None)
+        if step is None:
+            return {}, {}
+        steps.append(step)
+    if not steps:
+        return {}, {}
+    h = min(steps)
+    released: dict[int, set[Hashable]] = {}
+    confirmed: dict[int, set[Hashable]] = {}
+    for rank, snapshots in own.items():
+        older = sorted((st for st, _ in snapshots if st < h), reverse=True)
+        keep_from = older[_KEEP_BEFORE - 1] if len(older) >= _KEEP_BEFORE else min(older, default=h)
+        if gone := {sq for st, sq in snapshots if st < keep_from}:
+            released[rank] = gone
+        if kept := {sq for st, sq in snapshots if keep_from <= st <= h}:
+            confirmed[rank] = kept
+    return released, confirmed
 
 
 class ReplicaStore:
@@ -154,6 +238,18 @@ class ReplicaStore:
         newer than step ``newer_than`` and older than ``older_than``; ``None``: none."""
         return _pick(self.slots(node_id, rank), rank, newer_than, older_than)
 
+    def drop(self, node_id: int, rank: int) -> None:
+        """Mark the newest replica of ``node_id``'s ``rank`` EMPTY (of an abandoned lineage)."""
+        found = _newest(self.slots(node_id, rank), rank)
+        if found is not None:
+            slot, h = found
+            slot.lock(exclusive=True)
+            try:
+                if (now := slot.header()) is not None and _order(now) == _order(h):
+                    slot.invalidate()
+            finally:
+                slot.unlock()
+
     def held(self) -> list[tuple[int, int, int, int]]:
         """``(node, rank, step, round)`` of the newest whole replica of each rank held."""
         with self._lock:
@@ -186,8 +282,13 @@ class ReplicaServer:
     def __init__(self, *, job_id: str, node_id: int, agent: int, store: ReplicaStore, host: str = "127.0.0.1",
                  port: int = 0) -> None:
         self.job_id, self.node_id, self.agent, self.store = job_id, node_id, agent, store
-        self._own: dict[int, list[SnapshotSlot]] = {}
+        self._own: dict[int, list[SnapshotSlot | None]] = {}
         self._own_lock = threading.Lock()
+        #: per rank of this node: ``(round, seq)`` of the newest replica its buddy says it
+        #: holds, and when the buddy said it would ask next (monotonic seconds)
+        self.buddy: dict[int, tuple[tuple[int, int], float]] = {}
+        #: called after each buddy request (the pins may be released now)
+        self.on_buddy: Callable[[], None] = lambda: None
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -211,30 +312,55 @@ class ReplicaServer:
 
     def _own_slots(self, rank: int) -> list[SnapshotSlot]:
         """The rank's slots, re-opened when a name now points at another file (a worker's
-        segments removed and made anew), as the saver does."""
+        segments removed and made anew), as the saver does; a slot not made yet is looked
+        for again next time (a replacement's fetched replicas fill two slots before its
+        worker makes the third)."""
         with self._own_lock:
-            if any(slot.replaced() for slot in self._own.get(rank, ())):
+            opened = self._own.get(rank)
+            if opened is not None and any(slot.replaced() for slot in opened if slot is not None):
                 for slot in self._own.pop(rank):
-                    slot.close()
-            if rank not in self._own:
-                self._own[rank] = [s for i in range(_SLOTS) if (s := SnapshotSlot.open(
-                    segment_name(self.job_id, self.node_id, rank, i, self.agent), create=False))]
-            return self._own[rank]
+                    if slot is not None:
+                        slot.close()
+                opened = None
+            if opened is None or None in opened:
+                opened = opened or [None] * SLOTS
+                for i, slot in enumerate(opened):
+                    if slot is None:
+                        opened[i] = SnapshotSlot.open(segment_name(self.job_id, self.node_id, rank, i, self.agent),
+                                                      create=False)
+                self._own[rank] = opened
+            return [slot for slot in opened if slot is not None]
 
     def _answer(self, request: http.server.BaseHTTPRequestHandler) -> None:
         url = urlsplit(request.path)
         query = parse_qs(url.query)
         newer_than = int((query.get("newer_than") or ["-1"])[0])
-        newer_round = int(query["round"][0]) if "round" in query else None
         older_than = int(query["older_than"][0]) if "older_than" in query else None
         copy = query.get("copy") == ["1"]
+        if url.path == "/v1/steps":  # a buddy's pass begins: each rank's newest step
+            ranks = [int(r) for r in (query.get("ranks") or [""])[0].split(",") if r]
+            newest = {rank: found[1].step if (found := _newest(self._own_slots(rank), rank)) else -1 for rank in ranks}
+            body = json.dumps({str(rank): step for rank, step in newest.items()}).encode()
+            request.send_response(200)
+            request.send_header("Content-Type", "application/json")
+            request.send_header("Content-Length", str(len(body)))
+            request.end_headers()
+            request.wfile.write(body)
+            return
         if m := re.fullmatch(r"/v1/snapshot/(\d+)", url.path):
             rank = int(m[1])
-            slots = self._own_slots(rank)
-            if not slots:
-                with self._own_lock:
-                    self._own.pop(rank, None)  # not created yet: look again next time
-            found = _pick(slots, rank, newer_than, newer_round=newer_round)
+            after = None
+            if "seq" in query:  # a buddy: it holds the snapshot (round, seq), and asks again in next_s
+                after = (int((query.get("round") or ["0"])[0]), int(query["seq"][0]))
+                next_s = float((query.get("next_s") or ["0"])[0])
+                self.buddy[rank] = (after, time.monotonic() + max(0.0, next_s))
+                self.on_buddy()
+            step = int(query["step"][0]) if "step" in query else None
+            slots = self._own_slots(rank)  # (slots not made yet are looked for again next time)
+            if after is not None and _abandoned(slots, rank, after):
+                request.send_error(409, "the replica held is of a lineage this node went back from: drop it")
+                return
+            found = None if query.get("ack") == ["1"] else _pick(slots, rank, newer_than, after=after, step=step)
         elif m := re.fullmatch(r"/v1/replica/(\d+)/(\d+)", url.path):
             rank = int(m[2])
             found = self.store.pick(int(m[1]), rank, newer_than, older_than)
@@ -268,7 +394,8 @@ class ReplicaServer:
         with self._own_lock:
             for slots in self._own.values():
                 for slot in slots:
-                    slot.close()
+                    if slot is not None:
+                        slot.close()
             self._own.clear()
 
 
@@ -286,6 +413,10 @@ def _lower_this_thread() -> None:
         pass
 
 
+class _Stale(Exception):
+    """The source says the replica held is of a lineage it went back from (HTTP 409)."""
+
+
 class _Connection:
     """A kept-alive HTTP connection to another agent's :class:`ReplicaServer` (the standard
     library's ``http.client``: its responses read straight into a caller's buffer, which
@@ -296,6 +427,13 @@ class _Connection:
         self.host, self.port, self.timeout_s = host, int(port), timeout_s
         self._conn: http.client.HTTPConnection | None = None
 
+    def _connect(self) -> None:
+        if self._conn is None:
+            self._conn = http.client.HTTPConnection(self.host, self.port, timeout=min(_CONNECT_TIMEOUT_S, self.timeout_s))
+            self._conn.connect()
+            assert self._conn.sock is not None
+            self._conn.sock.settimeout(self.timeout_s)
+
     def get(self, path: str, receive: Callable[[FrameHeader, Callable[[memoryview], int]], FrameHeader],
             ) -> FrameHeader | None:
         """GET ``path``; on 200 hand the frame's preamble and the body's reader to
@@ -305,17 +443,17 @@ class _Connection:
             OSError, http.client.HTTPException: the holder cannot be reached or broke off.
             ReplicaError: the frame was refused (from ``receive``).
         """
-        if self._conn is None:
-            self._conn = http.client.HTTPConnection(self.host, self.port, timeout=min(_CONNECT_TIMEOUT_S, self.timeout_s))
-            self._conn.connect()
-            assert self._conn.sock is not None
-            self._conn.sock.settimeout(self.timeout_s)
+        self._connect()
+        assert self._conn is not None
         try:
             self._conn.request("GET", path)
             response = self._conn.getresponse()
             if response.status == 204:
                 response.read()
                 return None
+            if response.status == 409:
+                response.read()
+                raise _Stale(path)
             if response.status != 200:
                 raise http.client.HTTPException(f"{path}: HTTP {response.status} {response.read()[:200]!r}")
             h = receive(read_preamble(response.readinto), response.readinto)
@@ -326,10 +464,33 @@ class _Connection:
             self.close()  # a response cut off half-way leaves the connection out of step
             raise
 
+    def get_json(self, path: str) -> Any:
+        """GET ``path`` and parse the JSON body.
+
+        Raises:
+            OSError, http.client.HTTPException: as :meth:`get`; ValueError: not JSON.
+        """
+        self._connect()
+        assert self._conn is not None
+        try:
+            self._conn.request("GET", path)
+            response = self._conn.getresponse()
+            body = response.read()
+            if response.status != 200:
+                raise http.client.HTTPException(f"{path}: HTTP {response.status} {body[:200]!r}")
+            return json.loads(body)
+        except BaseException:
+            self.close()
+            raise
+
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _no_frame(h: FrameHeader, read_into: Callable[[memoryview], int]) -> FrameHeader:
+    raise ReplicaError(f"a frame of rank {h.rank} step {h.step} where none was asked for")
 
 
 def _paced(max_bytes_per_s: float | None, sleep: Callable[[float], object]) -> Callable[[int], None] | None:
@@ -396,24 +557,48 @@ class ReplicaPuller:
         self.pulled = 0  # frames stored
         self.refused = 0  # frames dropped as damaged
         self.torn = 0  # streams cut by the source's saves (asked for as a copy next)
+        self.next_s = interval_s  # the wait after the last pass: how long until the source hears again
 
     def start(self) -> ReplicaPuller:
         self._thread.start()
         return self
 
+    def _held(self, rank: int) -> str:
+        """The query that says which replica of ``rank`` this buddy holds, and when it asks next
+        (the source's agent confirms and releases its pins from it)."""
+        held = self.store.newest(self.source_node, rank)
+        ident = "round=-1&seq=-1" if held is None else f"round={held.round}&seq={held.seq}"
+        return f"{ident}&next_s={self.next_s:.3f}"
+
     def pull_once(self) -> int:
-        """One pass over the ranks; returns how many new frames were stored."""
+        """One pass over the ranks; returns how many new frames were stored.
+
+        A pass replicates one step of every rank: the newest step every rank of the source
+        has (``/v1/steps``), so that the replicas of a node's ranks are of the same steps
+        (a pass cut short leaves the ranks at this step or the previous one)."""
         stored = 0
+        try:
+            newest = self._connection.get_json(f"/v1/steps?ranks={','.join(map(str, self.ranks))}")
+        except (OSError, http.client.HTTPException, ValueError) as exc:
+            log.debug("replica_pull_failed", node_id=self.source_node, error=str(exc))
+            return 0
+        target = min((int(newest.get(str(rank), -1)) for rank in self.ranks), default=-1)
         for rank in self.ranks:
             if self._stop.is_set():
                 break
-            held = self.store.newest(self.source_node, rank)
-            after = "newer_than=-1" if held is None else f"newer_than={held.step}&round={held.round}"
+            after = self._held(rank) + (f"&step={target}" if target >= 0 else "")
             copy = "&copy=1" if rank in self._copy_next else ""
             on_progress = _paced(self.max_bytes_per_s, self._stop.wait)
             try:
                 h = self._connection.get(f"/v1/snapshot/{rank}?{after}{copy}", functools.partial(
                     self.store.receive, self.source_node, on_progress=on_progress))
+                if h is not None:  # say so at once: the source's next save may wait for it
+                    self._connection.get(f"/v1/snapshot/{rank}?{self._held(rank)}&ack=1", _no_frame)
+            except _Stale:
+                self.store.drop(self.source_node, rank)
+                log.info("replica_dropped", node_id=self.source_node, rank=rank,
+                         reason="of a lineage the source went back from")
+                continue
             except ReplicaTornError as exc:
                 self.torn += 1
                 self._copy_next.add(rank)
@@ -440,7 +625,8 @@ class ReplicaPuller:
         while not self._stop.is_set():
             c0 = time.thread_time()
             self.pull_once()
-            self._stop.wait(self.wait_after(time.thread_time() - c0))
+            self.next_s = self.wait_after(time.thread_time() - c0)
+            self._stop.wait(self.next_s)
 
     def wait_after(self, cpu_s: float) -> float:
         """Seconds to wait after a pass that took ``cpu_s`` seconds of this thread's CPU time:
@@ -518,10 +704,74 @@ class NodeReplicas:
                                     host=_address_towards(master_addr))
         self._puller: ReplicaPuller | None = None
         self._source: tuple[int, str, tuple[int, ...]] | None = None
+        self._follow_lock = threading.Lock()
+        self._ranks: tuple[int, ...] = ()  # this node's ranks (their pins are kept)
+        self._since = time.monotonic()  # (a buddy that never asks is silent after _BUDDY_GRACE_S from here)
+        self._silent = False
+        self._wake = threading.Event()
+        self._closing = threading.Event()
+        self.server.on_buddy = self._wake.set
+        self._keeper = threading.Thread(target=self._keep_pins, name="dlrover-replica-pins", daemon=True)
+        self._keeper.start()
 
     @property
     def address(self) -> str:
         return self.server.address
+
+    def _keep_pins(self) -> None:
+        while not self._closing.is_set():
+            self._wake.wait(_PIN_TICK_S)
+            self._wake.clear()
+            try:
+                self.apply_pins()
+            except Exception as exc:  # noqa: BLE001 (a slot removed under us: look again next tick)
+                log.debug("replica_pins_failed", node_id=self.node_id, error=str(exc))
+
+    def set_ranks(self, ranks: list[int]) -> None:
+        """The ranks whose snapshots this node holds (their pins are kept by this agent)."""
+        self._ranks = tuple(ranks)
+
+    def apply_pins(self) -> dict[int, set[Hashable]]:
+        """Release the pins of this node's snapshots that the replicas no longer need
+        (:func:`pins_to_release`, from what the buddy says it holds); while the buddy is
+        silent, hold them instead (saves skip rather than wait) and keep them again when it
+        is back. Returns what was released (``rank -> {(round, seq)}``)."""
+        now = time.monotonic()
+        buddy = dict(self.server.buddy)
+        last = max((deadline for _, deadline in buddy.values()), default=self._since)
+        silent = now > last + _BUDDY_GRACE_S
+        if silent != self._silent:
+            self._silent = silent
+            log.info("replica_pins_held" if silent else "replica_pins_kept", node_id=self.node_id,
+                     reason="the buddy node stopped asking for this node's snapshots" if silent else "the buddy is back")
+        own: dict[int, list[tuple[int, tuple[int, int]]]] = {}
+        pinned: list[tuple[SnapshotSlot, SlotHeader]] = []
+        for rank in sorted(set(buddy) | set(self._ranks)):
+            own[rank] = []
+            for slot in self.server._own_slots(rank):
+                h = slot.header()
+                if h is None or not h.live or h.rank != rank:
+                    continue
+                own[rank].append((h.step, (h.round, h.seq)))
+                if h.pinned:
+                    pinned.append((slot, h))
+        if not pinned:
+            return {}
+        released, confirmed = ({}, {}) if silent else pins_to_release(  # (the ranks the buddy follows)
+            {rank: own[rank] for rank in buddy}, {rank: ident for rank, (ident, _) in buddy.items()})
+        for slot, h in pinned:
+            ident = (h.round, h.seq)
+            # a rank the buddy does not follow (one a worker took over in the live world): not kept
+            unfollowed = bool(buddy) and h.rank not in buddy
+            pin = (PIN_HELD if silent else PIN_RELEASED if unfollowed or ident in released.get(h.rank, ())
+                   else PIN_CONFIRMED if ident in confirmed.get(h.rank, ()) else PIN_KEPT)
+            if pin == h.pin:
+                continue
+            with slot.shared():  # (a save holds it exclusively: the slot is the writer's until it publishes)
+                now_h = slot.header()
+                if now_h is not None and (now_h.round, now_h.seq) == ident and now_h.pinned:
+                    slot.set_pin(pin)
+        return released
 
     def set_token(self, token: int) -> None:
         """The agent's fencing token (names its segments), once it registered."""
@@ -532,7 +782,7 @@ class NodeReplicas:
 
     def holds(self, rank: int) -> bool:
         """Whether this agent's slots hold a complete snapshot of ``rank``."""
-        for slot_index in range(_SLOTS):
+        for slot_index in range(SLOTS):
             slot = SnapshotSlot.open(segment_name(self.job_id, self.node_id, rank, slot_index, self.store.agent),
                                      create=False)
             if slot is None:
@@ -574,6 +824,10 @@ class NodeReplicas:
 
     def follow(self, source: int, address: str, ranks: tuple[int, ...]) -> None:
         """Keep replicas of ``source``'s ``ranks`` (served at ``address``); ``source < 0``: none."""
+        with self._follow_lock:  # (the round's start and the heartbeats both say whom to follow)
+            self._follow(source, address, ranks)
+
+    def _follow(self, source: int, address: str, ranks: tuple[int, ...]) -> None:
         wanted = (source, address, tuple(ranks)) if source >= 0 and address else None
         if wanted == self._source:
             return
@@ -590,6 +844,9 @@ class NodeReplicas:
                                          cpu_share=self.cpu_share).start()
 
     def close(self) -> None:
+        self._closing.set()
+        self._wake.set()
+        self._keeper.join(5.0)
         if self._puller is not None:
             self._puller.stop()
             self._puller = None

@@ -1,5 +1,6 @@
-"""A rank's two shared-memory slots, as the worker sees them: save a snapshot, find and read
-snapshots, abandon a lineage the job went back from.
+"""A rank's shared-memory slots, as the worker sees them: save a snapshot, find and read
+snapshots, abandon a lineage the job went back from. A rank has two slots; three where the
+job keeps replicas of its snapshots on other nodes (below).
 
 A save writes into a slot that no one is reading (the persister holds a shared lock on the
 slot it persists) and that does not hold a snapshot still waiting for its persist. So a
@@ -13,6 +14,21 @@ previous future is awaited — and one that does not is skipped. No snapshot due
 persistence is ever dropped: every rank persists the same steps, so every such step can be
 committed (dropping the older of two requests, decided by each rank's timing alone, let
 ranks persist different steps and none was ever committed).
+
+**Replica pins** (``replicated``: the job keeps a replica of every snapshot in a buddy
+node's memory, ``Checkpoint.replicas``). A lost node's ranks resume from their replicas, so
+every other rank must still hold the step those replicas are of. Each snapshot is
+published *pinned*; the node's agent marks it *confirmed* once the buddy holds it (or a
+newer one) of every rank of the node, and *releases* it once the buddy holds a newer one
+than the step before (:func:`dlrover_core.agent.replicas.pins_to_release`). A save waits
+until the rank's newest snapshot is confirmed and a slot is not pinned: the training goes at
+the pace of its replication (as Gemini, SOSP '23 §4, checkpoints every iteration to remote
+memory only as fast as the network allows), no node's snapshots run more than one ahead of
+its replicas, and, the steps of a synchronous job moving together, every rank's three
+slots hold the step a lost node's replicas are of (``tests/test_replica_pins.py`` checks
+it under random schedules). While the buddy is silent (lost, or its puller stopped) the
+agent marks the pins *held*: a save is skipped rather than waiting (nothing the survivors
+may need is overwritten); a save due for persistence takes a held slot (storage first).
 """
 
 from __future__ import annotations
@@ -27,7 +43,10 @@ from typing import Any
 from dlrover_core.checkpoint.layout import CopyTargets, Layout, parse_header, tensor_views
 from dlrover_core.checkpoint.shm import (
     FLAG_PERSIST,
+    FLAG_PINNED,
     HEADER_SIZE,
+    PIN_HELD,
+    PIN_KEPT,
     SHM_DIR,
     SlotHeader,
     SnapshotSlot,
@@ -37,14 +56,22 @@ from dlrover_core.checkpoint.shm import (
 from dlrover_core.errors import CheckpointError
 from dlrover_core.logging import get_logger
 
-__all__ = ["MemorySnapshots", "ShmTooSmall", "prefault_for_restore", "release_prefaulted", "take_prefaulted"]
+__all__ = ["SLOTS", "MemorySnapshots", "ShmTooSmall", "prefault_for_restore", "release_prefaulted", "slot_count",
+           "slots_exist", "take_prefaulted"]
 
 log = get_logger()
 
-SLOTS = 2
+#: The most slots a rank has (three where snapshots are replicated, else two: :func:`slot_count`).
+SLOTS = 3
 _ALIGN = 4096
 #: Seconds between looks at the slots while a save waits for the persister.
 _WAIT_POLL_S = 0.005
+
+
+def slot_count(replicated: bool) -> int:
+    """Slots of a rank: three with replica pins (the buddy's newest step, the one before,
+    and the newest snapshot), else two."""
+    return 3 if replicated else 2
 
 
 def _align(n: int, to: int = _ALIGN) -> int:
@@ -52,13 +79,13 @@ def _align(n: int, to: int = _ALIGN) -> int:
 
 
 class ShmTooSmall(OSError):
-    """/dev/shm cannot hold two snapshots of this state. ``needed_bytes`` says how much."""
+    """/dev/shm cannot hold the rank's snapshot slots of this state. ``needed_bytes`` says how much."""
 
     def __init__(self, needed_bytes: int, free_bytes: int) -> None:
         self.needed_bytes = needed_bytes
         self.free_bytes = free_bytes
         super().__init__(
-            f"/dev/shm has {free_bytes / 2**20:.0f} MiB free but two snapshots of this state need "
+            f"/dev/shm has {free_bytes / 2**20:.0f} MiB free but the snapshot slots of this state (two; three where they are replicated) need "
             f"{needed_bytes / 2**20:.0f} MiB; give the container a larger /dev/shm "
             f"(docker --shm-size, a Memory emptyDir in Kubernetes)"
         )
@@ -71,19 +98,24 @@ class MemorySnapshots:
         job_id, node_id, rank: name the segments (``dlrover-<job>-n<node>-a<agent>-r<rank>-s<slot>``).
         agent: the fencing token of the node's agent (names the segments).
         round_index: the rendezvous round of this worker, recorded in every snapshot.
-        wait_timeout_s: longest a save waits for the persister to free a slot (seconds).
+        wait_timeout_s: longest a save waits for the persister, or for the agent to
+            release a replica pin, to free a slot (seconds).
+        replicated: the job replicates its snapshots (three slots, each snapshot published
+            pinned: the module doc).
     """
 
     def __init__(self, *, job_id: str, node_id: int, rank: int, agent: int = 0, round_index: int = 0,
-                 wait_timeout_s: float = 600.0) -> None:
+                 wait_timeout_s: float = 600.0, replicated: bool = False) -> None:
         self.rank = rank
         self.round = round_index
+        self.replicated = replicated
         #: what names these slots and the snapshots they write (see :func:`take_prefaulted`)
         self.key = (job_id, node_id, rank, agent, round_index)
         self.wait_timeout_s = wait_timeout_s
-        self.waited_s = 0.0  # seconds the last save waited for the persister
+        self.waited_s = 0.0  # seconds the last save waited for the persister or a replica pin
+        self.waited_for = ""  # what it waited for: "persist" or "replicas"
         self.slots = []
-        for s in range(SLOTS):
+        for s in range(slot_count(replicated)):
             slot = SnapshotSlot.open(segment_name(job_id, node_id, rank, s, agent), create=True)
             assert slot is not None
             self.slots.append(slot)
@@ -124,34 +156,51 @@ class MemorySnapshots:
         """Steps of the complete snapshots of this rank taken at ``world_size``."""
         return sorted({step for step, _ in self.held(world_size)})
 
-    def _free(self, slot: SnapshotSlot) -> tuple[int, int] | None:
+    def _free(self, slot: SnapshotSlot, *, persist: bool = False) -> tuple[int, int] | None:
         """How good a target ``slot`` is for the next save (lower first), or ``None`` when
-        it holds a snapshot waiting for its persist."""
+        it holds a snapshot waiting for its persist, or pinned for the replicas (a save
+        due for persistence may take a pin the agent holds for a silent buddy)."""
         h = slot.header()
         if h is None or not h.live or h.rank != self.rank:
             return (0, 0)
-        if h.awaiting_persist:
+        if h.awaiting_persist or (h.pinned and not (persist and h.pin == PIN_HELD)):
             return None
         return (1, h.seq)
 
-    def _lock_free_slot(self, *, wait: bool) -> SnapshotSlot | None:
-        """A slot locked exclusively that holds nothing waiting for a persist; with
-        ``wait``, waits for the persister to free one (at most ``wait_timeout_s``)."""
+    def _lock_free_slot(self, *, persist: bool) -> SnapshotSlot | None:
+        """A slot locked exclusively that holds nothing waiting for a persist or pinned for
+        the replicas. A save due for persistence, or one of a replicated job, waits for one
+        (at most ``wait_timeout_s``): for the persister, or for the agent to release a pin;
+        a replicated save is skipped (``None``) when the agent holds the pins (the buddy is
+        silent) or the wait ran out; any other save does not wait."""
         t0 = time.monotonic()
+        wait = persist or self.replicated
         while True:
-            ranked = sorted(((p, i) for i, slot in enumerate(self.slots) if (p := self._free(slot)) is not None))
+            headers = [slot.header() for slot in self.slots]
+            # the buddy must hold the newest snapshot before the next one is taken (module doc)
+            unconfirmed = any(h is not None and h.pinned and h.pin == PIN_KEPT and h.rank == self.rank
+                              for h in headers)
+            ranked = [] if unconfirmed else sorted(
+                ((p, i) for i, slot in enumerate(self.slots) if (p := self._free(slot, persist=persist)) is not None))
             for _, i in ranked:
                 slot = self.slots[i]
                 if slot.try_lock(exclusive=True):  # the persister's shared lock keeps us out
-                    if self._free(slot) is not None:
+                    if self._free(slot, persist=persist) is not None:
                         self.waited_s = time.monotonic() - t0
                         return slot
                     slot.unlock()
-            if not wait:
+            live = [h for h in headers if h is not None and h.live]
+            pins = [h for h in live if h.pinned]
+            self.waited_for = "replicas" if pins and not any(h.awaiting_persist for h in live) else "persist"
+            if not wait or (not persist and any(h.pin == PIN_HELD for h in pins)):
+                self.waited_s = time.monotonic() - t0
                 return None
             if time.monotonic() - t0 > self.wait_timeout_s:
+                self.waited_s = time.monotonic() - t0
+                if not persist:
+                    return None  # the replicas do not keep up: this snapshot is skipped
                 raise CheckpointError(
-                    f"rank {self.rank}: both snapshot slots still wait for their persist after "
+                    f"rank {self.rank}: every snapshot slot still waits for its persist after "
                     f"{self.wait_timeout_s:g} s (checkpoint.persist_timeout_s): the checkpoint storage is not "
                     "writing; see the agent's log for the storage error")
             time.sleep(_WAIT_POLL_S)
@@ -169,8 +218,8 @@ class MemorySnapshots:
         data_off = _align(HEADER_SIZE + len(meta))
         needed = _align(data_off + layout.data_len, 2**20)
         self._check_capacity(needed)
-        self.waited_s = 0.0
-        slot = self._lock_free_slot(wait=persist)
+        self.waited_s, self.waited_for = 0.0, ""
+        slot = self._lock_free_slot(persist=persist)
         if slot is None:
             return False
         index = self.slots.index(slot)
@@ -183,7 +232,7 @@ class MemorySnapshots:
             slot.mm[HEADER_SIZE : HEADER_SIZE + len(meta)] = meta
             layout.copy_into(slot.mm, data_off, self._targets_for(index, layout, data_off))
             self._seq += 1
-            slot.publish(flags=FLAG_PERSIST if persist else 0, step=step, seq=self._seq, world_size=world_size,
+            slot.publish(flags=(FLAG_PERSIST if persist else 0) | (FLAG_PINNED if self.replicated else 0), step=step, seq=self._seq, world_size=world_size,
                          rank=self.rank, layout_len=len(meta), data_off=data_off, data_len=layout.data_len,
                          round_index=self.round)
         finally:
@@ -196,7 +245,7 @@ class MemorySnapshots:
         if missing:
             free = shm_free_bytes()
             if free < missing:
-                raise ShmTooSmall(needed_bytes=SLOTS * slot_bytes, free_bytes=free + sum(have))
+                raise ShmTooSmall(needed_bytes=len(self.slots) * slot_bytes, free_bytes=free + sum(have))
 
     @contextlib.contextmanager
     def read(self, step: int, world_size: int, round_index: int | None = None,
@@ -284,18 +333,19 @@ _prefaulted: MemorySnapshots | None = None
 _prefaulted_lock = threading.Lock()
 
 
-def prefault_for_restore(*, job_id: str, node_id: int, rank: int, agent: int, round_index: int) -> bool:
+def prefault_for_restore(*, job_id: str, node_id: int, rank: int, agent: int, round_index: int,
+                         replicated: bool = False) -> bool:
     """At ``train.init()`` of a worker started by an agent: map this rank's snapshot slots
     and begin faulting in the pages of its complete snapshots (:meth:`MemorySnapshots.prefault`),
     so that a restarted worker's first ``load()`` from memory copies without page faults.
     The mapping waits for :func:`take_prefaulted`. Returns whether a snapshot is being
     faulted in (none on a fresh start). Creates no segment: the slots of a rank that saved
-    exist together (the first save's :class:`MemorySnapshots` made both)."""
+    exist together (the first save's :class:`MemorySnapshots` made them all)."""
     global _prefaulted
-    names = [segment_name(job_id, node_id, rank, s, agent) for s in range(SLOTS)]
-    if not all((SHM_DIR / name).exists() for name in names):
+    if not slots_exist(job_id=job_id, node_id=node_id, rank=rank, agent=agent):
         return False
-    snapshots = MemorySnapshots(job_id=job_id, node_id=node_id, rank=rank, agent=agent, round_index=round_index)
+    snapshots = MemorySnapshots(job_id=job_id, node_id=node_id, rank=rank, agent=agent, round_index=round_index,
+                                replicated=replicated)
     thread = snapshots.prefault()
     with _prefaulted_lock:
         old, _prefaulted = _prefaulted, snapshots
@@ -305,16 +355,21 @@ def prefault_for_restore(*, job_id: str, node_id: int, rank: int, agent: int, ro
     return thread is not None
 
 
+def slots_exist(*, job_id: str, node_id: int, rank: int, agent: int) -> bool:
+    """Whether ``rank``'s slots exist on this node (a save made them), without creating any."""
+    return all((SHM_DIR / segment_name(job_id, node_id, rank, s, agent)).exists() for s in range(slot_count(False)))
+
+
 def take_prefaulted(*, job_id: str, node_id: int, rank: int, agent: int, round_index: int,
-                    wait_timeout_s: float) -> MemorySnapshots | None:
+                    wait_timeout_s: float, replicated: bool = False) -> MemorySnapshots | None:
     """The snapshots :func:`prefault_for_restore` mapped, if they are these (same job, node,
-    rank, agent and round); else ``None`` (and they are let go)."""
+    rank, agent, round and slots); else ``None`` (and they are let go)."""
     global _prefaulted
     with _prefaulted_lock:
         snapshots, _prefaulted = _prefaulted, None
     if snapshots is None:
         return None
-    if snapshots.key != (job_id, node_id, rank, agent, round_index):
+    if snapshots.key != (job_id, node_id, rank, agent, round_index) or snapshots.replicated != replicated:
         snapshots.close()
         return None
     snapshots.wait_timeout_s = wait_timeout_s

@@ -42,6 +42,7 @@ from typing import Any
 import attrs
 import tenacity
 
+from dlrover_core.checkpoint.memory import SLOTS
 from dlrover_core.checkpoint.shm import SlotHeader, SnapshotSlot, segment_name
 from dlrover_core.logging import get_logger
 from dlrover_core.protocol.messages import CheckpointErrorReport, ShardAnswer, ShardReport
@@ -52,7 +53,7 @@ __all__ = ["CheckpointSaver", "FlushResult", "shard_path", "step_dir"]
 
 log = get_logger()
 
-_SLOTS = 2
+_SLOTS = SLOTS  # (a rank's slots: two, three where snapshots are replicated; absent ones are skipped)
 #: How often the saver reads the ``latest`` marker again while snapshots flagged for
 #: persistence wait at or below the commit it knows and the last read told nothing new
 #: (seconds; see ``_settle_below_commit``). A snapshot it has not seen there yet is looked

@@ -17,7 +17,10 @@ The flags sit outside the checksum, one byte each, so that two processes holding
 locks can set their own flag with a single-byte store and never lose the other's:
 byte 12 "persist requested" (the writer, at publish), byte 13 "persisted" or "given up"
 (the persister), byte 14 "abandoned" (a restoring worker: a snapshot newer than the step
-the job went back to, of a lineage that no longer exists).
+the job went back to, of a lineage that no longer exists), byte 15 the replica pin: "kept
+for the replicas" (the writer, at publish, where the job replicates its snapshots),
+"confirmed", "released" or "held, the buddy is silent" (the node's agent:
+:mod:`dlrover_core.agent.replicas`).
 
 Each snapshot records the rendezvous round of the worker that wrote it (its
 *incarnation*): the master uses it to tell a stale shard from a current one.
@@ -44,7 +47,12 @@ from pathlib import Path
 import attrs
 
 __all__ = [
+    "FLAG_PINNED",
     "HEADER_SIZE",
+    "PIN_CONFIRMED",
+    "PIN_HELD",
+    "PIN_KEPT",
+    "PIN_RELEASED",
     "SHM_DIR",
     "READY",
     "SlotHeader",
@@ -63,13 +71,18 @@ _FMT = "<8sIIqQIIIQQQQI"
 _COVERED = "<qQIIIQQQQ"
 EMPTY, WRITING, READY = 0, 1, 2
 #: byte offsets of the one-byte flags (outside the checksum)
-_PERSIST_AT, _PERSISTED_AT, _ABANDONED_AT = 12, 13, 14
+_PERSIST_AT, _PERSISTED_AT, _ABANDONED_AT, _PIN_AT = 12, 13, 14, 15
 #: ``flags`` bits as read little-endian: persist requested; persisted; given up (the
 #: persister could not write it); abandoned
 FLAG_PERSIST = 1
 FLAG_PERSISTED = 1 << 8
 FLAG_GAVE_UP = 2 << 8
 FLAG_ABANDONED = 1 << 16
+#: the replica pin (byte 15): kept until the agent releases it, the buddy holding no replica
+#: of it yet; released; held while the buddy is silent (not overwritten, but a save does not
+#: wait for it either); confirmed: kept, and the buddy holds it or a newer snapshot
+PIN_KEPT, PIN_RELEASED, PIN_HELD, PIN_CONFIRMED = 1, 2, 3, 4
+FLAG_PINNED = PIN_KEPT << 24
 
 def node_prefix(job_id: str, node_id: int, agent: int | None = None) -> str:
     """The name prefix of a node's segments: of one agent incarnation (``agent``, its
@@ -143,6 +156,16 @@ class SlotHeader:
     def live(self) -> bool:
         """A complete snapshot of the current lineage (valid and not abandoned)."""
         return self.valid and not self.abandoned
+
+    @property
+    def pin(self) -> int:
+        """The replica pin: 0 (none), ``PIN_KEPT``, ``PIN_RELEASED`` or ``PIN_HELD``."""
+        return (self.flags >> 24) & 0xFF
+
+    @property
+    def pinned(self) -> bool:
+        """Kept (confirmed, or held) for the replicas: a save must not overwrite it."""
+        return self.live and self.pin in (PIN_KEPT, PIN_HELD, PIN_CONFIRMED)
 
     @property
     def awaiting_persist(self) -> bool:
@@ -312,6 +335,13 @@ class SnapshotSlot:
         a lineage the job went back from; it is neither restored nor persisted."""
         assert self.mm is not None
         self.mm[_ABANDONED_AT] = 1
+
+    def set_pin(self, pin: int) -> None:
+        """Set the replica pin (the node's agent, holding a shared lock): ``PIN_CONFIRMED``
+        once the buddy holds it (or newer), ``PIN_RELEASED`` once it is no longer needed,
+        ``PIN_HELD`` while the buddy is silent (:func:`dlrover_core.agent.replicas.pins_to_release`)."""
+        assert self.mm is not None
+        self.mm[_PIN_AT] = pin
 
     def invalidate(self) -> None:
         """Mark the slot EMPTY (a snapshot of an abandoned lineage)."""

@@ -319,7 +319,7 @@ class JobMaster:
             if round_index >= 0 and (latest is None or round_index > latest.index) and not self.state.is_terminal:
                 self.rounds.unknown(node_id, round_index)
             self._check_saves(round_index, message.saves, message.steps)
-            return HeartbeatAnswer(action=self.action(round_index, node))
+            return HeartbeatAnswer(action=self.action(round_index, node), **self.rounds.replica_source(node, round_index))
 
     def _record(self, record: Any) -> None:
         """Fold one of rank 0's progress records (a ``dlrover_core.protocol.progress`` record,

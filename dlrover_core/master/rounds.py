@@ -105,20 +105,31 @@ class Rounds:
         offset = rnd.rank_offset(node_id)
         return range(offset, offset + rnd.nproc[rnd.node_rank(node_id)])
 
+    def replica_source(self, node: NodeRecord, round_index: int) -> dict[str, Any]:
+        """Whose snapshots ``node`` keeps replicas of in round ``round_index``, at the
+        source's address now (``replica_source*`` fields; none when replicas are off or the
+        round is not the running one)."""
+        ctx = self._ctx
+        rnd = ctx.rdzv.latest
+        if (rnd is None or rnd.index != round_index or node.node_id not in rnd
+                or not ctx.job.checkpoint.replicas_for(ctx.job.nodes.max) or not node.replica_addr):
+            return {}
+        if self._sources is None or self._sources[0] != rnd.index:  # once per round, not per poll
+            hosts = {n: ctx.node(n).host for n in rnd.node_ids}
+            self._sources = (rnd.index, replica_sources(list(rnd.node_ids), hosts))
+        source = self._sources[1].get(node.node_id)
+        if source is None or not ctx.node(source).replica_addr:
+            return {}
+        return {"replica_source": source, "replica_source_addr": ctx.node(source).replica_addr,
+                "replica_source_ranks": tuple(self._ranks(rnd, source))}
+
     def _replica_fields(self, node: NodeRecord, rnd: Round) -> dict[str, Any]:
         """Whose snapshots ``node`` keeps replicas of in ``rnd``, and where its own ranks'
         replicas are (:mod:`~dlrover_core.master.replicas`); none when replicas are off."""
         ctx = self._ctx
         if not ctx.job.checkpoint.replicas_for(ctx.job.nodes.max) or not node.replica_addr:
             return {}
-        if self._sources is None or self._sources[0] != rnd.index:  # once per round, not per poll
-            hosts = {n: ctx.node(n).host for n in rnd.node_ids}
-            self._sources = (rnd.index, replica_sources(list(rnd.node_ids), hosts))
-        fields: dict[str, Any] = {}
-        source = self._sources[1].get(node.node_id)
-        if source is not None and ctx.node(source).replica_addr:
-            fields.update(replica_source=source, replica_source_addr=ctx.node(source).replica_addr,
-                          replica_source_ranks=tuple(self._ranks(rnd, source)))
+        fields: dict[str, Any] = dict(self.replica_source(node, rnd.index))
         def usable(holder: int) -> bool:
             rec = ctx.nodes.get(holder)
             return rec is not None and not rec.gone and bool(rec.replica_addr)

@@ -379,10 +379,16 @@ class HeartbeatAnswer:
         action: ``restart`` when the node's round is over (another node failed, the
             membership changed), ``stop`` when the job is over for it, else ``none``.
         fenced: the agent was replaced (see :class:`ActionAnswer`).
+        replica_source, replica_source_addr, replica_source_ranks: as in
+            :class:`RoundAssignment`, now: a source node relaunched within the round (a live
+            recovery) serves its snapshots at a new address.
     """
 
     action: Action = Action.NONE
     fenced: bool = False
+    replica_source: int = -1
+    replica_source_addr: str = ""
+    replica_source_ranks: tuple[int, ...] = ()
 
 
 @attrs.frozen(kw_only=True)

@@ -68,16 +68,15 @@ from dlrover_core.checkpoint.layout import (
     tensor_views,
 )
 from dlrover_core.checkpoint.memory import (
-    SLOTS,
     MemorySnapshots,
     ShmTooSmall,
     prefault_for_restore,
     release_prefaulted,
+    slots_exist,
     take_prefaulted,
 )
 from dlrover_core.checkpoint.rng import get_rng_state, set_rng_state
 from dlrover_core.checkpoint.saver import shard_path, step_dir
-from dlrover_core.checkpoint.shm import SHM_DIR, segment_name
 from dlrover_core.errors import CheckpointError
 from dlrover_core.logging import get_logger
 from dlrover_core.plugins import get_host
@@ -161,6 +160,29 @@ def _barrier() -> None:
         dist.barrier()
 
 
+#: Seconds between two ``replica_backpressure`` warnings (a slow buddy slows every step).
+_BACKPRESSURE_LOG_EVERY_S = 10.0
+_backpressure_logged = -_BACKPRESSURE_LOG_EVERY_S
+
+
+def _backpressure(step: int, snapshots: MemorySnapshots, *, saved: bool) -> None:
+    """Say that a save waited for a slot (or was skipped), and for what."""
+    global _backpressure_logged
+    if snapshots.waited_for == "replicas":
+        now = time.monotonic()
+        if now - _backpressure_logged < _BACKPRESSURE_LOG_EVERY_S:
+            return
+        _backpressure_logged = now
+        log.warning("replica_backpressure", step=step, waited_s=round(snapshots.waited_s, 3), skipped=not saved,
+                    reason="every snapshot slot is kept until the buddy node holds newer replicas: the replicas are "
+                           "made slower than checkpoint.memory_every_steps asks (raise it, or "
+                           "checkpoint.replica_mb_per_s / replica_cpu_share), or the buddy is silent")
+    elif saved:
+        log.warning("checkpoint_backpressure", step=step, waited_s=round(snapshots.waited_s, 3),
+                    reason="every snapshot slot waited for its persist: the storage writes slower "
+                           "than checkpoint.persist_every_steps asks")
+
+
 def _started_by_agent() -> bool:
     """Whether a dlrover agent started this worker (its master's address and node id are set):
     memory snapshots need one."""
@@ -172,7 +194,8 @@ def _snapshot_place(rank: int) -> dict[str, Any]:
     environment the agent gave this worker."""
     return {"job_id": os.environ.get(env.JOB_ID, ""), "node_id": int(os.environ.get(env.NODE_ID) or 0),
             "rank": rank, "agent": int(os.environ.get(env.AGENT_TOKEN, "0") or 0),
-            "round_index": int(os.environ.get(env.ROUND, "0"))}
+            "round_index": int(os.environ.get(env.ROUND, "0")),
+            "replicated": os.environ.get(env.REPLICA_PINS) == "1"}
 
 
 def held_memory_steps(rank: int, world_size: int) -> list[int]:
@@ -183,8 +206,7 @@ def held_memory_steps(rank: int, world_size: int) -> list[int]:
     if not _started_by_agent() or (job is not None and job.checkpoint.memory_every_steps == 0):
         return []
     place = _snapshot_place(rank)
-    names = [segment_name(place["job_id"], place["node_id"], rank, s, place["agent"]) for s in range(SLOTS)]
-    if not all((SHM_DIR / name).exists() for name in names):
+    if not slots_exist(job_id=place["job_id"], node_id=place["node_id"], rank=rank, agent=place["agent"]):
         return []
     snapshots = MemorySnapshots(**place)
     try:
@@ -392,13 +414,10 @@ class Checkpointer:
                     self._disable_memory(str(exc))
                     snapshots = None
         where = "memory"
+        if snapshots is not None and (snapshots.waited_s > 0.05 or not saved):
+            _backpressure(step, snapshots, saved=saved)
         if not saved:
-            return False  # a memory-only save while both slots wait for storage: skipped
-        if snapshots is not None:
-            if snapshots.waited_s > 0.05:
-                log.warning("checkpoint_backpressure", step=step, waited_s=round(snapshots.waited_s, 3),
-                            reason="both snapshot slots waited for their persist: the storage writes slower "
-                                   "than checkpoint.persist_every_steps asks")
+            return False  # a memory-only save while the slots wait for storage or the replicas: skipped
         if snapshots is None:
             if not persist:
                 return False

@@ -75,6 +75,7 @@ from dlrover_core.checkpoint.shm import (
     PIN_HELD,
     PIN_KEPT,
     PIN_RELEASED,
+    READY,
     SlotHeader,
     SnapshotSlot,
     node_prefix,
@@ -96,6 +97,11 @@ _SLOTS = 2
 _BUDDY_GRACE_S = 3.0
 #: Snapshots older than the buddy's newest that a node keeps pinned (see :func:`pins_to_release`)
 _KEEP_BEFORE = 1
+#: Longest a buddy's ``/v1/steps`` waits for a new step (seconds), and how often the source
+#: looks meanwhile (an unchecked look at its slots' headers: :meth:`SnapshotSlot.peek`)
+_LONG_POLL_S = 1.0
+_LONG_POLL_MAX_S = 5.0
+_LONG_POLL_TICK_S = 0.005
 #: How often the source's agent looks at its pins besides each buddy request (seconds).
 _PIN_TICK_S = 0.25
 
@@ -287,6 +293,7 @@ class ReplicaServer:
         #: per rank of this node: ``(round, seq)`` of the newest replica its buddy says it
         #: holds, and when the buddy said it would ask next (monotonic seconds)
         self.buddy: dict[int, tuple[tuple[int, int], float]] = {}
+        self._closing = False
         #: called after each buddy request (the pins may be released now)
         self.on_buddy: Callable[[], None] = lambda: None
         server = self
@@ -331,6 +338,24 @@ class ReplicaServer:
                 self._own[rank] = opened
             return [slot for slot in opened if slot is not None]
 
+    def _peek_newest(self, ranks: list[int]) -> int:
+        """The oldest of the ranks' newest steps, from the headers as they are (unchecked:
+        a trigger only; -1 where a rank has none)."""
+        oldest = None
+        for rank in ranks:
+            steps = [p[1] for slot in self._own_slots(rank) if (p := slot.peek()) is not None and p[0] == READY]
+            newest = max(steps, default=-1)
+            oldest = newest if oldest is None else min(oldest, newest)
+        return -1 if oldest is None else oldest
+
+    def _heard(self, ranks: list[int], wait_s: float) -> None:
+        """The buddy asked (a long poll of ``wait_s``): it is not silent until after that."""
+        now = time.monotonic()
+        for rank in ranks:
+            if rank in self.buddy:
+                ident, deadline = self.buddy[rank]
+                self.buddy[rank] = (ident, max(deadline, now + wait_s))
+
     def _answer(self, request: http.server.BaseHTTPRequestHandler) -> None:
         url = urlsplit(request.path)
         query = parse_qs(url.query)
@@ -339,6 +364,14 @@ class ReplicaServer:
         copy = query.get("copy") == ["1"]
         if url.path == "/v1/steps":  # a buddy's pass begins: each rank's newest step
             ranks = [int(r) for r in (query.get("ranks") or [""])[0].split(",") if r]
+            held = int((query.get("after") or ["-1"])[0])
+            wait_s = min(float((query.get("wait_s") or ["0"])[0]), _LONG_POLL_MAX_S)
+            self._heard(ranks, wait_s)
+            deadline = time.monotonic() + wait_s
+            # (a long poll: answered once some rank's newest step is not the one the buddy holds)
+            while (wait_s > 0 and not self._closing and time.monotonic() < deadline
+                   and self._peek_newest(ranks) == held):
+                time.sleep(_LONG_POLL_TICK_S)
             newest = {rank: found[1].step if (found := _newest(self._own_slots(rank), rank)) else -1 for rank in ranks}
             body = json.dumps({str(rank): step for rank, step in newest.items()}).encode()
             request.send_response(200)
@@ -389,6 +422,7 @@ class ReplicaServer:
         send_frame(found[0], found[1], request.wfile.write)
 
     def close(self) -> None:
+        self._closing = True  # (a long poll in flight ends)
         self._httpd.shutdown()
         self._httpd.server_close()
         with self._own_lock:
@@ -577,8 +611,11 @@ class ReplicaPuller:
         has (``/v1/steps``), so that the replicas of a node's ranks are of the same steps
         (a pass cut short leaves the ranks at this step or the previous one)."""
         stored = 0
-        try:
-            newest = self._connection.get_json(f"/v1/steps?ranks={','.join(map(str, self.ranks))}")
+        held = [h.step if (h := self.store.newest(self.source_node, rank)) is not None else -1 for rank in self.ranks]
+        after = min(held, default=-1)
+        try:  # (waits at the source until there is a step newer than the one held of every rank)
+            newest = self._connection.get_json(f"/v1/steps?ranks={','.join(map(str, self.ranks))}"
+                                               f"&after={after}&wait_s={_LONG_POLL_S}")
         except (OSError, http.client.HTTPException, ValueError) as exc:
             log.debug("replica_pull_failed", node_id=self.source_node, error=str(exc))
             return 0
@@ -689,13 +726,14 @@ class NodeReplicas:
         job_id, node_id: the agent's node.
         master_addr: ``host:port`` of the job master (the server listens on this host's
             address towards it).
-        interval_s: how often the puller looks for new snapshots.
+        interval_s: the least time between two passes of the puller (it waits for a new
+            snapshot at the source: a long poll).
         mb_per_s: the puller's bandwidth budget (``Checkpoint.replica_mb_per_s``; ``None``:
             from the link towards each source, :func:`replica_budget`).
         cpu_share: the puller's share of one core (``Checkpoint.replica_cpu_share``).
     """
 
-    def __init__(self, *, job_id: str, node_id: int, master_addr: str, interval_s: float = 0.1,
+    def __init__(self, *, job_id: str, node_id: int, master_addr: str, interval_s: float = 0.01,
                  mb_per_s: float | None = None, cpu_share: float = 1.0) -> None:
         self.job_id, self.node_id = job_id, node_id
         self.interval_s, self.mb_per_s, self.cpu_share = interval_s, mb_per_s, cpu_share

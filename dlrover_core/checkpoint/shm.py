@@ -310,6 +310,18 @@ class SnapshotSlot:
                           round=round_index, layout_off=layout_off, layout_len=layout_len, data_off=data_off, data_len=data_len,
                           crc=crc, valid=valid)
 
+    def peek(self) -> tuple[int, int, int] | None:
+        """``(state, step, seq)`` as the header says now, unchecked (no checksum, no lock):
+        a cheap look for a change, to be confirmed with :meth:`header`; ``None``: empty or
+        abandoned."""
+        self._remap()
+        if self.mm is None:
+            return None
+        magic, state, flags, step, seq = struct.unpack_from("<8sIIqQ", self.mm, 0)
+        if magic != _MAGIC or flags & FLAG_ABANDONED:
+            return None
+        return state, step, seq
+
     def begin_write(self) -> None:
         """Mark the slot WRITING (first thing a writer does)."""
         assert self.mm is not None

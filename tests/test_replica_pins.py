@@ -263,3 +263,39 @@ def test_a_replica_of_an_abandoned_lineage_is_dropped_and_the_current_one_pulled
         mem.close()
         buddy.close()
         source.close()
+
+
+def test_the_buddys_long_poll_returns_when_a_new_step_is_saved(job_id):
+    """``/v1/steps?after=<held>&wait_s=<t>`` answers at once when a rank's newest step is not
+    the one held, waits while it is, and answers within a few ms of the next save."""
+    import json
+    import threading
+    import time
+    import urllib.request
+
+    from dlrover_core.agent.replicas import ReplicaServer, ReplicaStore
+    from dlrover_core.checkpoint.memory import MemorySnapshots
+
+    mem = MemorySnapshots(job_id=job_id, node_id=0, rank=0)
+    store = ReplicaStore(job_id=job_id, node_id=0, agent=0)
+    server = ReplicaServer(job_id=job_id, node_id=0, agent=0, store=store)
+
+    def steps(after: int, wait_s: float) -> tuple[dict, float]:
+        t0 = time.monotonic()
+        with urllib.request.urlopen(f"http://{server.address}/v1/steps?ranks=0&after={after}&wait_s={wait_s}") as r:
+            return json.loads(r.read()), time.monotonic() - t0
+
+    try:
+        assert _save(mem, 1)
+        assert steps(-1, 5.0)[0] == {"0": 1}  # newer than held: at once
+        answer, took_s = steps(1, 0.3)
+        assert answer == {"0": 1} and took_s >= 0.3  # nothing newer: the whole wait
+        saver = threading.Timer(0.3, lambda: _save(mem, 2))
+        saver.start()
+        answer, took_s = steps(1, 5.0)
+        saver.join()
+        assert answer == {"0": 2} and took_s < 2.0  # the save ended the wait
+    finally:
+        server.close()
+        store.close()
+        mem.close()

@@ -84,7 +84,7 @@ def test_a_lost_nodes_replicas_always_share_a_step_with_every_other_rank_seeded(
     buddy_says: dict[int, dict[int, int]] = {n: {} for n in nodes}  # what each node's server heard
     # speeds: each node's buddy is fast or slow, each agent looks at its pins often or rarely
     weights = {("pull", n): rng.choice([1, 3, 10]) for n in nodes} | {("keep", n): rng.choice([1, 5]) for n in nodes}
-    step, target, events, checked = 0, 40, 0, 0
+    step, target, events, checked, gone_back = 0, 40, 0, 0, 0
     while step < target:
         events += 1
         assert events < 200_000, f"deadlock at step {step}"
@@ -92,9 +92,21 @@ def test_a_lost_nodes_replicas_always_share_a_step_with_every_other_rank_seeded(
         if not pending:
             step += 1
             continue
-        choices = [("save", None)] * 5 + [k for k, w in weights.items() for _ in range(w)]
+        choices = [("save", None)] * 5 + [k for k, w in weights.items() for _ in range(w)] + [("back", None)]
         kind, n = rng.choice(choices)
-        if kind == "save":
+        if kind == "back":  # a worker failed: every rank goes back to a step all hold (a few times)
+            if step < 2 or gone_back >= 3:
+                continue
+            gone_back += 1
+            back = resume_step({(m, r.rank): SimpleNamespace(replica=True, step=step - 1 if r.saved < step else step,
+                                                             memory_steps=[s["step"] for s in r.live()])
+                                for m in nodes for r in nodes[m]})[0]
+            assert back is not None, f"seed {seed}: no step every rank holds at step {step}"
+            for r in (r for ranks in nodes.values() for r in ranks):
+                r.slots = [s if s is not None and s["step"] <= back else None for s in r.slots]  # abandoned
+                r.saved = back
+            step = back + 1
+        elif kind == "save":
             rng.choice(pending).try_save(step)
         elif kind == "pull":
             h, source = holder_of[n], nodes[n]
@@ -104,6 +116,11 @@ def test_a_lost_nodes_replicas_always_share_a_step_with_every_other_rank_seeded(
                 r = source[h.turn % len(source)]
                 h.turn += 1
                 held = h.newest(r.rank)
+                live_ids = [s["id"] for s in r.live()]
+                if held and live_ids and held["id"] not in live_ids and held["id"] > max(live_ids):
+                    # of an abandoned lineage: the source answers 409 and the buddy drops it
+                    h.replicas[r.rank] = [s if s is not held else None for s in h.replicas[r.rank]]
+                    held = h.newest(r.rank)
                 buddy_says[n][r.rank] = held["id"] if held else -1
                 newer = [(i, s) for i, s in enumerate(r.slots) if s is not None and s["step"] == h.target
                          and s["id"] > (held["id"] if held else -1)]
@@ -117,7 +134,8 @@ def test_a_lost_nodes_replicas_always_share_a_step_with_every_other_rank_seeded(
                 if src.slots[i] is not None and src.slots[i]["id"] == snap["id"]:
                     slots = h.replicas[rank]
                     newest = h.newest(rank)
-                    j = next(j for j, s in enumerate(slots) if s is None or s is not newest)
+                    stale = [j for j, s in enumerate(slots) if s is not None and s["step"] >= snap["step"]]
+                    j = stale[0] if stale else next(j for j, s in enumerate(slots) if s is None or s is not newest)
                     slots[j] = {"step": snap["step"], "id": snap["id"]}
         else:  # the agent of node n looks at its pins
             own = {r.rank: [(s["step"], s["id"]) for s in r.live()] for r in nodes[n] if r.rank in buddy_says[n]}

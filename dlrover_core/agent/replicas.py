@@ -136,10 +136,11 @@ def _pick(slots: list[SnapshotSlot], rank: int, newer_than: int, older_than: int
 
 
 def _abandoned(slots: list[SnapshotSlot], rank: int, held: tuple[int, int]) -> bool:
-    """Whether a buddy's replica ``held`` (``(round, seq)``) of ``rank`` is of a lineage
-    this node went back from: newer than every snapshot of its round here, and not one of
-    them (a node with no snapshot of that round yet, e.g. a replacement about to fetch its
-    replicas, says nothing)."""
+    """Whether a buddy's newest replica ``held`` (``(round, seq)``) of ``rank`` is of a
+    lineage this node went back from: newer than every snapshot of its round here, and not
+    one of them (a node with no snapshot of that round yet, e.g. a replacement about to
+    fetch its replicas, says nothing). (One older than this node's newest is replaced by the
+    buddy's next pull: :meth:`ReplicaStore._target`.)"""
     mine = [_order(h) for slot in slots if (h := slot.header()) is not None and h.live and h.rank == rank
             and h.round == held[0]]
     return bool(mine) and held not in mine and held > max(mine)
@@ -219,7 +220,8 @@ class ReplicaStore:
         Raises:
             ReplicaError: the frame is damaged (nothing written).
         """
-        return write_frame(self._target(node_id, frame_header(frame).rank), frame)  # (it checks the whole frame)
+        fh = frame_header(frame)
+        return write_frame(self._target(node_id, fh.rank, fh.step), frame)  # (it checks the whole frame)
 
     def receive(self, node_id: int, h: FrameHeader, read_into: Callable[[memoryview], int], *,
                 on_progress: Callable[[int], None] | None = None) -> FrameHeader:
@@ -230,11 +232,16 @@ class ReplicaStore:
             ReplicaError: truncated, damaged or torn (the newest replica held stays).
             OSError: /dev/shm is full, or the stream failed.
         """
-        return receive_frame(self._target(node_id, h.rank), h, read_into, on_progress=on_progress)
+        return receive_frame(self._target(node_id, h.rank, h.step), h, read_into, on_progress=on_progress)
 
-    def _target(self, node_id: int, rank: int) -> SnapshotSlot:
-        """The slot a new replica of ``node_id``'s ``rank`` goes into: not the newest one's."""
+    def _target(self, node_id: int, rank: int, step: int) -> SnapshotSlot:
+        """The slot a new replica of ``node_id``'s ``rank`` at ``step`` goes into: one holding
+        a replica of that step or a later one (of a lineage the source went back from: the
+        new one is newer), else not the newest one's."""
         slots = self.slots(node_id, rank)
+        stale = [s for s in slots if (h := s.header()) is not None and h.live and h.rank == rank and h.step >= step]
+        if stale:
+            return stale[0]
         newest = _newest(slots, rank)
         return next(s for s in slots if newest is None or s is not newest[0])
 

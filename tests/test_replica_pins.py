@@ -305,14 +305,14 @@ def test_the_buddys_long_poll_returns_when_a_new_step_is_saved(job_id):
 
     try:
         assert _save(mem, 1)
-        assert steps(-1, 5.0)[0] == {"0": 1}  # newer than held: at once
+        assert steps(-1, 5.0)[0] == {"0": [1]}  # newer than held: at once (each rank's steps)
         answer, took_s = steps(1, 0.3)
-        assert answer == {"0": 1} and took_s >= 0.3  # nothing newer: the whole wait
+        assert answer == {"0": [1]} and took_s >= 0.3  # nothing newer: the whole wait
         saver = threading.Timer(0.3, lambda: _save(mem, 2))
         saver.start()
         answer, took_s = steps(1, 5.0)
         saver.join()
-        assert answer == {"0": 2} and took_s < 2.0  # the save ended the wait
+        assert answer == {"0": [1, 2]} and took_s < 2.0  # the save ended the wait
     finally:
         server.close()
         store.close()

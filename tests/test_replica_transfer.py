@@ -103,7 +103,7 @@ class _BadSource:
 
             def do_GET(self) -> None:  # noqa: N802
                 if self.path.startswith("/v1/steps"):  # (a pass begins: the newest step of each rank)
-                    body = b'{"0": 5}'
+                    body = b'{"0": [5]}'
                     self.send_response(200)
                     self.send_header("Content-Length", str(len(body)))
                     self.end_headers()

@@ -355,6 +355,12 @@ class ReplicaServer:
             oldest = newest if oldest is None else min(oldest, newest)
         return -1 if oldest is None else oldest
 
+    def _steps_in_order(self, rank: int) -> list[int]:
+        """The steps of ``rank``'s snapshots here, oldest first as written (:func:`_order`:
+        after a go-back, the new lineage's last)."""
+        found = [h for slot in self._own_slots(rank) if (h := slot.header()) is not None and h.live and h.rank == rank]
+        return [h.step for h in sorted(found, key=_order)]
+
     def _heard(self, ranks: list[int], wait_s: float) -> None:
         """The buddy asked (a long poll of ``wait_s``): it is not silent until after that."""
         now = time.monotonic()
@@ -368,6 +374,8 @@ class ReplicaServer:
         query = parse_qs(url.query)
         newer_than = int((query.get("newer_than") or ["-1"])[0])
         older_than = int(query["older_than"][0]) if "older_than" in query else None
+        after: tuple[int, int] | None = None
+        next_s = 0.0
         copy = query.get("copy") == ["1"]
         if url.path == "/v1/steps":  # a buddy's pass begins: each rank's newest step
             ranks = [int(r) for r in (query.get("ranks") or [""])[0].split(",") if r]
@@ -379,8 +387,8 @@ class ReplicaServer:
             while (wait_s > 0 and not self._closing and time.monotonic() < deadline
                    and self._peek_newest(ranks) == held):
                 time.sleep(_LONG_POLL_TICK_S)
-            newest = {rank: found[1].step if (found := _newest(self._own_slots(rank), rank)) else -1 for rank in ranks}
-            body = json.dumps({str(rank): step for rank, step in newest.items()}).encode()
+            held_steps = {rank: self._steps_in_order(rank) for rank in ranks}
+            body = json.dumps({str(rank): steps for rank, steps in held_steps.items()}).encode()
             request.send_response(200)
             request.send_header("Content-Type", "application/json")
             request.send_header("Content-Length", str(len(body)))
@@ -389,7 +397,6 @@ class ReplicaServer:
             return
         if m := re.fullmatch(r"/v1/snapshot/(\d+)", url.path):
             rank = int(m[1])
-            after = None
             if "seq" in query:  # a buddy: it holds the snapshot (round, seq), and asks again in next_s
                 after = (int((query.get("round") or ["0"])[0]), int(query["seq"][0]))
                 next_s = float((query.get("next_s") or ["0"])[0])
@@ -427,6 +434,9 @@ class ReplicaServer:
         if url.path.startswith("/v1/snapshot/"):  # a buddy's background pull: training comes first (a
             _lower_this_thread()  # replacement's fetch of a replica is a recovery: not lowered)
         send_frame(found[0], found[1], request.wfile.write)
+        if after is not None and rank in self.buddy:  # (heard until the frame was sent, and next_s after)
+            ident, deadline = self.buddy[rank]
+            self.buddy[rank] = (ident, max(deadline, time.monotonic() + max(0.0, next_s)))
 
     def close(self) -> None:
         self._closing = True  # (a long poll in flight ends)
@@ -626,7 +636,12 @@ class ReplicaPuller:
         except (OSError, http.client.HTTPException, ValueError) as exc:
             log.debug("replica_pull_failed", node_id=self.source_node, error=str(exc))
             return 0
-        target = min((int(newest.get(str(rank), -1)) for rank in self.ranks), default=-1)
+        steps = [list(newest.get(str(rank)) or ()) for rank in self.ranks]
+        common = set.intersection(*map(set, steps)) if steps else set()
+        # the newest step every rank holds (newest as written: after a go-back, the new
+        # lineage's); where none is common (ranks that skipped different saves), each rank's
+        # newest, so that the replicas go on
+        target = next((step for step in reversed(steps[0]) if step in common), -1) if steps else -1
         for rank in self.ranks:
             if self._stop.is_set():
                 break
@@ -664,12 +679,22 @@ class ReplicaPuller:
             log.debug("replica_pulled", node_id=self.source_node, rank=rank, step=h.step, mb=round(h.data_len / 2**20, 1))
         return stored
 
+    def announce(self) -> None:
+        """Tell the source when this puller asks next (``next_s``, the wait it is about to
+        take): its pins are not held for a buddy that is only waiting its turn."""
+        for rank in self.ranks:
+            try:
+                self._connection.get(f"/v1/snapshot/{rank}?{self._held(rank)}&ack=1", _no_frame)
+            except (OSError, http.client.HTTPException, ReplicaError, _Stale):
+                return
+
     def _run(self) -> None:
         _lower_this_thread()
         while not self._stop.is_set():
             c0 = time.thread_time()
             self.pull_once()
             self.next_s = self.wait_after(time.thread_time() - c0)
+            self.announce()
             self._stop.wait(self.next_s)
 
     def wait_after(self, cpu_s: float) -> float:
@@ -773,8 +798,12 @@ class NodeReplicas:
                 log.debug("replica_pins_failed", node_id=self.node_id, error=str(exc))
 
     def set_ranks(self, ranks: list[int]) -> None:
-        """The ranks whose snapshots this node holds (their pins are kept by this agent)."""
+        """The ranks whose snapshots this node holds (their pins are kept by this agent);
+        what a buddy said of other ranks is forgotten (their old snapshots hold nothing back)."""
         self._ranks = tuple(ranks)
+        for rank in list(self.server.buddy):
+            if rank not in ranks:
+                self.server.buddy.pop(rank, None)
 
     def apply_pins(self) -> dict[int, set[Hashable]]:
         """Release the pins of this node's snapshots that the replicas no longer need

@@ -115,10 +115,10 @@ class MemorySnapshots:
         self.waited_s = 0.0  # seconds the last save waited for the persister or a replica pin
         self.waited_for = ""  # what it waited for: "persist" or "replicas"
         self.slots = []
-        for s in range(slot_count(replicated)):
-            slot = SnapshotSlot.open(segment_name(job_id, node_id, rank, s, agent), create=True)
-            assert slot is not None
-            self.slots.append(slot)
+        for s in range(SLOTS):  # (a third slot left by a replicated round is read, and written, too)
+            slot = SnapshotSlot.open(segment_name(job_id, node_id, rank, s, agent), create=s < slot_count(replicated))
+            if slot is not None:
+                self.slots.append(slot)
         headers = [h for h in (slot.header() for slot in self.slots) if h is not None]
         self._seq = max((h.seq for h in headers), default=0)
         # per slot: the views a save copies into, for one mapping, data offset and plan
@@ -163,8 +163,8 @@ class MemorySnapshots:
         h = slot.header()
         if h is None or not h.live or h.rank != self.rank:
             return (0, 0)
-        if h.awaiting_persist or (h.pinned and not (persist and h.pin == PIN_HELD)):
-            return None
+        if h.awaiting_persist or (self.replicated and h.pinned and not (persist and h.pin == PIN_HELD)):
+            return None  # (pins left by a replicated round bind only a replicated writer)
         return (1, h.seq)
 
     def _lock_free_slot(self, *, persist: bool) -> SnapshotSlot | None:
@@ -178,8 +178,8 @@ class MemorySnapshots:
         while True:
             headers = [slot.header() for slot in self.slots]
             # the buddy must hold the newest snapshot before the next one is taken (module doc)
-            unconfirmed = any(h is not None and h.pinned and h.pin == PIN_KEPT and h.rank == self.rank
-                              for h in headers)
+            unconfirmed = self.replicated and any(h is not None and h.pinned and h.pin == PIN_KEPT
+                                                  and h.rank == self.rank for h in headers)
             ranked = [] if unconfirmed else sorted(
                 ((p, i) for i, slot in enumerate(self.slots) if (p := self._free(slot, persist=persist)) is not None))
             for _, i in ranked:
@@ -192,7 +192,7 @@ class MemorySnapshots:
             live = [h for h in headers if h is not None and h.live]
             pins = [h for h in live if h.pinned]
             self.waited_for = "replicas" if pins and not any(h.awaiting_persist for h in live) else "persist"
-            if not wait or (not persist and any(h.pin == PIN_HELD for h in pins)):
+            if not wait or (self.replicated and not persist and any(h.pin == PIN_HELD for h in pins)):
                 self.waited_s = time.monotonic() - t0
                 return None
             if time.monotonic() - t0 > self.wait_timeout_s:

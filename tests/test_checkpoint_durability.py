@@ -71,7 +71,10 @@ def test_a_stuck_storage_write_fails_the_job_naming_it_and_blames_no_node(tmp_pa
     assert result.state == JobState.FAILED
     assert "step 20" in result.reason and str(tmp_path / "ck") in result.reason and "not durable" in result.reason
     assert result.restarts == 0
-    kinds = [e["kind"] for e in job_events(result)]
+    # (a worker whose peer was stopped at the end may still report its broken collective: the
+    # master records it with "none: the job had already ended", blaming nothing)
+    kinds = [e["kind"] for e in job_events(result)
+             if not str(e.get("action", "")).startswith("none: the job had already ended")]
     assert not {"node_lost", "node_excluded", "node_relaunched", "worker_failed"} & set(kinds), kinds
     assert PosixStorage(str(tmp_path / "ck")).latest_step() == 10
 

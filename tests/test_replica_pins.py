@@ -222,7 +222,6 @@ def test_a_replicated_save_waits_for_its_buddy_and_skips_when_the_buddy_is_silen
             held = buddy.store.newest(0, 0)
             if step > 0:
                 assert held is not None and held.step >= step - 1, (step, held)  # never two ahead of its replicas
-            assert len(_pins(mem)) <= 3
         time.sleep(0.5)
         steps = sorted(_pins(mem))
         assert steps == [5, 6, 7], steps  # the window: the buddy's newest and the two before

@@ -95,8 +95,6 @@ _SLOTS = 2
 #: Seconds past the time a buddy said it would ask next after which it is *silent* (lost,
 #: or its puller stopped): the source's pins are then held, no longer waited for.
 _BUDDY_GRACE_S = 3.0
-#: Snapshots older than the buddy's newest that a node keeps pinned (see :func:`pins_to_release`)
-_KEEP_BEFORE = 1
 #: Longest a buddy's ``/v1/steps`` waits for a new step (seconds), and how often the source
 #: looks meanwhile (an unchecked look at its slots' headers: :meth:`SnapshotSlot.peek`)
 _LONG_POLL_S = 1.0
@@ -180,8 +178,7 @@ def pins_to_release(own: Mapping[int, Sequence[tuple[int, Hashable]]],
     released: dict[int, set[Hashable]] = {}
     confirmed: dict[int, set[Hashable]] = {}
     for rank, snapshots in own.items():
-        older = sorted((st for st, _ in snapshots if st < h), reverse=True)
-        keep_from = older[_KEEP_BEFORE - 1] if len(older) >= _KEEP_BEFORE else min(older, default=h)
+        keep_from = max((st for st, _ in snapshots if st < h), default=h)  # (h and the step before)
         if gone := {sq for st, sq in snapshots if st < keep_from}:
             released[rank] = gone
         if kept := {sq for st, sq in snapshots if keep_from <= st <= h}:
@@ -300,6 +297,7 @@ class ReplicaServer:
         #: per rank of this node: ``(round, seq)`` of the newest replica its buddy says it
         #: holds, and when the buddy said it would ask next (monotonic seconds)
         self.buddy: dict[int, tuple[tuple[int, int], float]] = {}
+        self._buddy_lock = threading.Lock()  # (request threads update it: no lost update)
         self._closing = False
         #: called after each buddy request (the pins may be released now)
         self.on_buddy: Callable[[], None] = lambda: None
@@ -324,7 +322,7 @@ class ReplicaServer:
         host, port = self._httpd.server_address[:2]
         return f"{host}:{port}"
 
-    def _own_slots(self, rank: int) -> list[SnapshotSlot]:
+    def own_slots(self, rank: int) -> list[SnapshotSlot]:
         """The rank's slots, re-opened when a name now points at another file (a worker's
         segments removed and made anew), as the saver does; a slot not made yet is looked
         for again next time (a replacement's fetched replicas fill two slots before its
@@ -350,7 +348,7 @@ class ReplicaServer:
         a trigger only; -1 where a rank has none)."""
         oldest = None
         for rank in ranks:
-            steps = [p[1] for slot in self._own_slots(rank) if (p := slot.peek()) is not None and p[0] == READY]
+            steps = [p[1] for slot in self.own_slots(rank) if (p := slot.peek()) is not None and p[0] == READY]
             newest = max(steps, default=-1)
             oldest = newest if oldest is None else min(oldest, newest)
         return -1 if oldest is None else oldest
@@ -358,16 +356,20 @@ class ReplicaServer:
     def _steps_in_order(self, rank: int) -> list[int]:
         """The steps of ``rank``'s snapshots here, oldest first as written (:func:`_order`:
         after a go-back, the new lineage's last)."""
-        found = [h for slot in self._own_slots(rank) if (h := slot.header()) is not None and h.live and h.rank == rank]
+        found = [h for slot in self.own_slots(rank) if (h := slot.header()) is not None and h.live and h.rank == rank]
         return [h.step for h in sorted(found, key=_order)]
 
-    def _heard(self, ranks: list[int], wait_s: float) -> None:
-        """The buddy asked (a long poll of ``wait_s``): it is not silent until after that."""
-        now = time.monotonic()
-        for rank in ranks:
-            if rank in self.buddy:
-                ident, deadline = self.buddy[rank]
-                self.buddy[rank] = (ident, max(deadline, now + wait_s))
+    def _heard(self, ranks: list[int], for_s: float, ident: tuple[int, int] | None = None) -> None:
+        """The buddy was heard of ``ranks`` (holding ``ident`` where given): it is not silent
+        for ``for_s`` seconds from now (a long poll's wait, or when it said it asks next)."""
+        until = time.monotonic() + max(0.0, for_s)
+        with self._buddy_lock:
+            for rank in ranks:
+                held = self.buddy.get(rank)
+                if ident is not None:
+                    self.buddy[rank] = (ident, until)
+                elif held is not None:
+                    self.buddy[rank] = (held[0], max(held[1], until))
 
     def _answer(self, request: http.server.BaseHTTPRequestHandler) -> None:
         url = urlsplit(request.path)
@@ -400,10 +402,10 @@ class ReplicaServer:
             if "seq" in query:  # a buddy: it holds the snapshot (round, seq), and asks again in next_s
                 after = (int((query.get("round") or ["0"])[0]), int(query["seq"][0]))
                 next_s = float((query.get("next_s") or ["0"])[0])
-                self.buddy[rank] = (after, time.monotonic() + max(0.0, next_s))
+                self._heard([rank], next_s, after)
                 self.on_buddy()
             step = int(query["step"][0]) if "step" in query else None
-            slots = self._own_slots(rank)  # (slots not made yet are looked for again next time)
+            slots = self.own_slots(rank)  # (slots not made yet are looked for again next time)
             if after is not None and _abandoned(slots, rank, after):
                 request.send_error(409, "the replica held is of a lineage this node went back from: drop it")
                 return
@@ -434,9 +436,8 @@ class ReplicaServer:
         if url.path.startswith("/v1/snapshot/"):  # a buddy's background pull: training comes first (a
             _lower_this_thread()  # replacement's fetch of a replica is a recovery: not lowered)
         send_frame(found[0], found[1], request.wfile.write)
-        if after is not None and rank in self.buddy:  # (heard until the frame was sent, and next_s after)
-            ident, deadline = self.buddy[rank]
-            self.buddy[rank] = (ident, max(deadline, time.monotonic() + max(0.0, next_s)))
+        if after is not None:  # (heard until the frame was sent, and next_s after)
+            self._heard([rank], next_s)
 
     def close(self) -> None:
         self._closing = True  # (a long poll in flight ends)
@@ -822,7 +823,7 @@ class NodeReplicas:
         pinned: list[tuple[SnapshotSlot, SlotHeader]] = []
         for rank in sorted(set(buddy) | set(self._ranks)):
             own[rank] = []
-            for slot in self.server._own_slots(rank):
+            for slot in self.server.own_slots(rank):
                 h = slot.header()
                 if h is None or not h.live or h.rank != rank:
                     continue

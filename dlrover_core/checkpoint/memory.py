@@ -156,11 +156,11 @@ class MemorySnapshots:
         """Steps of the complete snapshots of this rank taken at ``world_size``."""
         return sorted({step for step, _ in self.held(world_size)})
 
-    def _free(self, slot: SnapshotSlot, *, persist: bool = False) -> tuple[int, int] | None:
-        """How good a target ``slot`` is for the next save (lower first), or ``None`` when
-        it holds a snapshot waiting for its persist, or pinned for the replicas (a save
-        due for persistence may take a pin the agent holds for a silent buddy)."""
-        h = slot.header()
+    def _free(self, h: SlotHeader | None, *, persist: bool = False) -> tuple[int, int] | None:
+        """How good a target the slot whose header is ``h`` is for the next save (lower
+        first), or ``None`` when it holds a snapshot waiting for its persist, or pinned for
+        the replicas (a save due for persistence may take a pin the agent holds for a
+        silent buddy)."""
         if h is None or not h.live or h.rank != self.rank:
             return (0, 0)
         if h.awaiting_persist or (self.replicated and h.pinned and not (persist and h.pin == PIN_HELD)):
@@ -181,11 +181,11 @@ class MemorySnapshots:
             unconfirmed = self.replicated and any(h is not None and h.pinned and h.pin == PIN_KEPT
                                                   and h.rank == self.rank for h in headers)
             ranked = [] if unconfirmed else sorted(
-                ((p, i) for i, slot in enumerate(self.slots) if (p := self._free(slot, persist=persist)) is not None))
+                ((p, i) for i, h in enumerate(headers) if (p := self._free(h, persist=persist)) is not None))
             for _, i in ranked:
                 slot = self.slots[i]
                 if slot.try_lock(exclusive=True):  # the persister's shared lock keeps us out
-                    if self._free(slot, persist=persist) is not None:
+                    if self._free(slot.header(), persist=persist) is not None:  # (again, under the lock)
                         self.waited_s = time.monotonic() - t0
                         return slot
                     slot.unlock()

@@ -136,6 +136,58 @@ def test_a_streamed_frame_equals_the_copied_one_and_lands_in_the_slot_whole(job_
     assert theirs.held(2) == [(7, 3)]
 
 
+def _tcp_pair():
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        peer, _ = server.accept()
+    return client, peer
+
+
+def _send_by_reference(sock, slot):
+    """send_frame as the replica server sends it: preamble and trailer written, the layout
+    and data bytes by ``sendfile`` straight from the slot's file."""
+    from dlrover_core.agent.replicas import _socket_sender
+
+    return send_frame(slot, slot.header(), sock.sendall, send_file=_socket_sender(sock), chunk_bytes=64 << 10)
+
+
+def test_a_frame_sent_by_reference_lands_whole_and_a_slot_changed_before_it_is_read_is_torn(job_id):
+    """Sent by sendfile over a TCP socket, a frame lands whole in the buddy's slot; when the
+    slot's bytes change after the last send but before the receiver reads them (the kernel
+    holds references to the shared memory's pages, not a copy), the receiver refuses the
+    frame as torn (and the next pull copies), never as whole with bytes that are not the
+    snapshot's."""
+    from dlrover_core.checkpoint.replica import ReplicaTornError
+
+    ours = MemorySnapshots(job_id=job_id, node_id=0, rank=1, round_index=3)
+    ours.save(build_layout(state_at(7, 20_000), step=7, rank=1, world_size=2), step=7, world_size=2, persist=True)
+    slot = next(s for s in ours.slots if (h := s.header()) is not None and h.live)
+    dst = SnapshotSlot.open(segment_name(job_id, 1, 1, 0), create=True)
+    client, peer = _tcp_pair()
+    try:
+        assert _send_by_reference(peer, slot)
+        stream = client.makefile("rb")
+        h = receive_frame(dst, read_preamble(stream.readinto), stream.readinto)
+        assert (h.rank, h.step, h.round) == (1, 7, 3) and values_of(dst) == (7, {7.0})
+        assert _send_by_reference(peer, slot)  # unread in the socket until the slot changed
+        sh = slot.header()
+        slot.mm[sh.data_off : sh.data_off + 64] = b"\xff" * 64
+        other = SnapshotSlot.open(segment_name(job_id, 1, 1, 1), create=True)
+        try:
+            receive_frame(other, read_preamble(stream.readinto), stream.readinto)
+        except ReplicaTornError as exc:  # (Linux: the pages are read when the receiver reads)
+            assert "sent by reference" in str(exc)
+            assert not (other.header() and other.header().live)
+        else:  # (a kernel that copies at sendfile: the bytes sent are the snapshot's)
+            assert values_of(other) == (7, {7.0})
+        assert values_of(dst) == (7, {7.0})
+    finally:
+        client.close()
+        peer.close()
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_a_damaged_or_cut_stream_publishes_nothing(job_id, seed):
     """A flipped bit after the preamble, a stream cut short (the sender died), or a frame

@@ -435,7 +435,7 @@ class ReplicaServer:
             return
         if url.path.startswith("/v1/snapshot/"):  # a buddy's background pull: training comes first (a
             _lower_this_thread()  # replacement's fetch of a replica is a recovery: not lowered)
-        send_frame(found[0], found[1], request.wfile.write)
+        send_frame(found[0], found[1], request.wfile.write, send_file=_socket_sender(request.connection))
         if after is not None:  # (heard until the frame was sent, and next_s after)
             self._heard([rank], next_s)
 
@@ -463,6 +463,24 @@ def _lower_this_thread() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _PULL_NICE)
     except OSError:
         pass
+
+
+def _socket_sender(sock: Any) -> Callable[[int, int, int], None] | None:
+    """``send_file(fd, offset, count)`` into ``sock`` by ``os.sendfile`` (the request's
+    socket is blocking: the server sets no timeout), or ``None`` where the OS has none."""
+    if not hasattr(os, "sendfile"):
+        return None
+    out = sock.fileno()
+
+    def send_file(fd: int, offset: int, count: int) -> None:
+        while count > 0:
+            sent = os.sendfile(out, fd, offset, count)
+            if sent == 0:
+                raise ConnectionError("the buddy closed the connection while a replica frame was sent")
+            offset += sent
+            count -= sent
+
+    return send_file
 
 
 class _Stale(Exception):

@@ -13,7 +13,8 @@ The preamble carries the snapshot's identity (rank, step, world size, round: its
 library: about five times the speed of zlib's CRC32 here, and it is the checksum that costs
 the most CPU in a transfer), of the layout and of the data, computed by the sender from the
 bytes it sent, and whether the slot still held that same snapshot when the last byte was
-sent. A receiver trusts a frame only when both checksums match what it received and the flag says whole; then the frame is published into a slot
+sent (2 where the bytes were sent by reference, ``sendfile``: then checksums that differ mean
+the slot changed before the kernel read the pages, a torn frame too). A receiver trusts a frame only when both checksums match what it received and the flag says whole; then the frame is published into a slot
 with the slots' own protocol (WRITING, layout and data, fields and checksum, READY last),
 so a receiver killed while it writes leaves a slot that is simply not READY, and a worker
 restores from a replica slot exactly as from its own
@@ -56,6 +57,10 @@ _FMT = "<8sIIIqQQQ"
 PREAMBLE_SIZE = struct.calcsize(_FMT)
 # layout_hash, data_hash (XXH3-64), whole (1: the slot held this snapshot until the last byte was sent)
 _TRAILER_FMT = "<QQI"
+#: the "whole" flag of a frame sent by reference (``sendfile``): the pages are read by the
+#: kernel after the sender's last look at the slot, so checksums that differ mean a save
+#: changed the slot meanwhile (torn), as a 0 does
+_WHOLE_BY_REFERENCE = 2
 TRAILER_SIZE = struct.calcsize(_TRAILER_FMT)
 _ALIGN = 4096
 #: bytes checksummed and sent (or received) at a time: a few MiB stay in the CPU's caches
@@ -172,15 +177,21 @@ def take_frame(slot: SnapshotSlot, *, rank: int, newer_than: int = -1) -> bytear
 
 
 def send_frame(slot: SnapshotSlot, h: SlotHeader, write: Callable[[memoryview | bytes], object], *,
-               chunk_bytes: int = CHUNK_BYTES) -> bool:
+               chunk_bytes: int = CHUNK_BYTES, send_file: Callable[[int, int, int], object] | None = None) -> bool:
     """Stream the snapshot ``h`` (a live header read from ``slot``) as one frame of
     ``FrameHeader.of(h).frame_len`` bytes through ``write``, straight from the slot's
     mapping, taking no lock. Returns whether the frame went out whole: ``False`` when the
     slot was re-published while it was sent (its trailer then says so, and a receiver
     refuses it).
 
+    ``send_file(fd, offset, count)``, where given, sends the layout and data bytes from the
+    slot's file instead of ``write`` (``sendfile(2)`` into a socket: the kernel takes the
+    shared memory's pages, with no copy into the socket's buffers in this process). Each
+    chunk is checksummed from the mapping just before it is sent; a save that changes it in
+    between makes the receiver's checksum differ, and the frame is refused as a torn one is.
+
     Raises:
-        OSError: from ``write`` (the peer went away).
+        OSError: from ``write`` or ``send_file`` (the peer went away).
     """
     assert slot.mm is not None
     write(FrameHeader.of(h).pack())
@@ -192,13 +203,16 @@ def send_frame(slot: SnapshotSlot, h: SlotHeader, write: Callable[[memoryview | 
             for at in range(off, off + length, chunk_bytes):
                 chunk = mm[at : min(at + chunk_bytes, off + length)]
                 digest.update(chunk)
-                write(chunk)
+                if send_file is None:
+                    write(chunk)
+                else:
+                    send_file(slot.fd, at, len(chunk))
                 chunk.release()
             hashes.append(digest.intdigest())
     finally:
         mm.release()
     whole = _same(slot.header(), h)
-    write(struct.pack(_TRAILER_FMT, hashes[0], hashes[1], int(whole)))
+    write(struct.pack(_TRAILER_FMT, hashes[0], hashes[1], (_WHOLE_BY_REFERENCE if send_file else 1) if whole else 0))
     return whole
 
 
@@ -208,7 +222,10 @@ def _hash(data: bytes | bytearray | memoryview) -> int:
 
 def _check_trailer(fh: FrameHeader, trailer: bytes | bytearray | memoryview, layout_hash: int, data_hash: int) -> None:
     want_layout, want_data, whole = struct.unpack_from(_TRAILER_FMT, trailer, 0)
-    if whole != 1:  # first: a torn stream's checksums need not match either (bytes changed while sent)
+    if whole == _WHOLE_BY_REFERENCE and (layout_hash != want_layout or data_hash != want_data):
+        raise ReplicaTornError(f"replica frame of rank {fh.rank} step {fh.step}: sent by reference, and the slot "
+                               "changed before its pages were read (torn)")
+    if whole not in (1, _WHOLE_BY_REFERENCE):  # first: a torn stream's checksums need not match either
         raise ReplicaTornError(f"replica frame of rank {fh.rank} step {fh.step}: the snapshot was re-published "
                                "while it was sent (torn)")
     if layout_hash != want_layout:

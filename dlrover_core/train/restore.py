@@ -270,12 +270,13 @@ def _copies(values: list[Any]) -> dict[int, Any]:
     for v in values:
         if not isinstance(v, torch.Tensor) or id(v) in out:
             continue
-        if v.device.type == "cpu" and v.is_contiguous() and type(v) is torch.Tensor and v.numel():
-            dst = torch.empty_like(v)
-            pairs.append((dst.view(-1).view(torch.uint8).numpy(), v.view(-1).view(torch.uint8).numpy()))
+        src = v.detach()
+        if src.device.type == "cpu" and src.is_contiguous() and type(src) is torch.Tensor and src.numel():
+            dst = torch.empty_like(src)
+            pairs.append((dst.view(-1).view(torch.uint8).numpy(), src.view(-1).view(torch.uint8).numpy()))
             out[id(v)] = dst
         else:
-            out[id(v)] = v.clone()
+            out[id(v)] = src.clone()
     copy_all(pairs)
     return out
 

@@ -49,6 +49,22 @@ def shm_entries() -> set[str]:
         return set()
 
 
+def communicate_all(procs: list, timeout_s: float) -> list[str]:
+    """Wait for each rank's process (``subprocess.Popen`` with text stdout); kill what is
+    left; assert every one exited 0, showing the outputs' tail otherwise. Returns the outputs."""
+    outputs = []
+    try:
+        for p in procs:
+            outputs.append(p.communicate(timeout=timeout_s)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0] * len(procs), "\n".join(outputs)[-4000:]
+    return outputs
+
+
 def install_dist(site: Path, dist: str, module: str, source: str, ep_name: str | None = None) -> None:
     """Make a real installed distribution (a dist-info with a `dlrover` entry point) under ``site``."""
     import textwrap

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT, SCRIPTS, install_dist
+from tests.helpers import ROOT, SCRIPTS, communicate_all, install_dist
 
 TAG_PLUGIN = """
     from dlrover_core import hookimpl
@@ -51,16 +51,7 @@ def ranks(tmp_path_factory):
                  "DLROVER_ACCELERATOR": "cpu", "PYTHONPATH": os.pathsep.join([str(site), str(ROOT)])},
             cwd=base, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         ))
-    outputs = []
-    try:
-        for p in procs:
-            outputs.append(p.communicate(timeout=150)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(outputs)[-4000:]
+    communicate_all(procs, 150)
     results = [json.loads((base / f"rank{r}.json").read_text()) for r in range(2)]
     for r, res in enumerate(results):
         crashed = {k: v["crash"] for k, v in res.items() if "crash" in v}

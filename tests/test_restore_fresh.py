@@ -18,7 +18,7 @@ import torch
 from dlrover_core.checkpoint.state_format import flatten
 from dlrover_core.train import ModelOptimizerState
 from dlrover_core.train import restore as restore_mod
-from tests.helpers import ROOT, SCRIPTS
+from tests.helpers import ROOT, SCRIPTS, communicate_all
 
 
 @pytest.mark.timeout(120)
@@ -33,15 +33,7 @@ def test_a_fresh_fsdp2_optimizer_loads_without_its_zero_step_and_trains_bit_iden
              "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
              "TORCHELASTIC_USE_AGENT_STORE": "True"},  # (the store is hosted here, as an agent would)
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for rank in range(2)]
-    outputs = []
-    try:
-        outputs = [p.communicate(timeout=100)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(outputs)[-4000:]
+    communicate_all(procs, 100)
     for rank in range(2):
         r = json.loads((tmp_path / f"rank{rank}.json").read_text())
         assert r["fast_path"], r

@@ -5,13 +5,16 @@ master's server and MasterClient speak it end to end."""
 from __future__ import annotations
 
 import json
+import socket
+import threading
+import time
 
 import attrs
 import httpx
 import pytest
 
 from dlrover_core import Failure, Job, JobState, Nodes
-from dlrover_core.errors import DLRoverError, ProtocolError
+from dlrover_core.errors import DLRoverError, MasterUnavailableError, ProtocolError
 from dlrover_core.master.job_master import JobMaster
 from dlrover_core.master.server import MasterServer
 from dlrover_core.protocol import (
@@ -349,3 +352,34 @@ def test_a_held_restore_call_is_answered_waiting_when_its_hold_ends(agreeing, mo
     assert answer.state == "waiting" and 0.25 <= time.monotonic() - t0 < 2.0
     assert calls["restore_plan"] <= 2  # asked, and perhaps once more if something else woke it
     assert ENDPOINTS["restore_plan"].held and ENDPOINTS["restore_verify"].held and ENDPOINTS["poll"].held
+
+
+@pytest.fixture
+def silent_master():
+    """A port that accepts connections and never answers (a master whose host hangs)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    try:
+        yield "127.0.0.1:%d" % sock.getsockname()[1]
+    finally:
+        sock.close()
+
+
+def test_a_client_given_up_on_its_master_stops_retrying(silent_master):
+    """An agent that declared its master lost must not wait out the retry policy's patience
+    (30 s by default) in a call of its main thread: the call in flight ends after its
+    current attempt, and a new call is not sent at all."""
+    given_up = threading.Event()
+    client = MasterClient(silent_master, timeout_s=0.5, addr_file="")  # default patience: 30 s
+    client.give_up_when(given_up)
+    threading.Timer(1.0, given_up.set).start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(MasterUnavailableError, match="heartbeat"):
+            client.heartbeat(HEARTBEAT)
+        assert time.monotonic() - t0 < 10.0  # (not the policy's 30 s)
+        with pytest.raises(MasterUnavailableError, match="given up"):
+            client.heartbeat(HEARTBEAT)
+    finally:
+        client.close()

@@ -316,3 +316,27 @@ def test_the_puller_keeps_to_its_share_of_a_core(job_id):
         with pytest.raises(JobSpecError, match=r"checkpoint.replica_cpu_share.*share of one CPU core"):
             Checkpoint(replica_cpu_share=bad)
     assert Checkpoint(replica_cpu_share=1).replica_cpu_share == 1
+
+
+def test_a_puller_whose_source_went_silent_stops_at_once(job_id):
+    """A source whose host is gone answers nothing (no reset): stopping the puller (an
+    agent exiting) breaks off the read in flight instead of waiting out its timeout."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(4)
+    store = ReplicaStore(job_id=job_id, node_id=1, agent=2)
+    puller = ReplicaPuller(store, source_node=0, source_address="127.0.0.1:%d" % sock.getsockname()[1], ranks=[0],
+                           timeout_s=60).start()
+    try:
+        sock.settimeout(10)
+        conn, _ = sock.accept()  # the puller's request is in flight, never answered
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        puller.stop(timeout_s=30)
+        assert not puller._thread.is_alive()
+        assert time.monotonic() - t0 < 5.0  # (not the read's 60 s, nor the join's 30 s)
+        conn.close()
+    finally:
+        puller.stop()
+        sock.close()
+        store.close()

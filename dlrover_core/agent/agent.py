@@ -176,6 +176,7 @@ class ElasticAgent:
         self.token = 0  # fencing token, from register
         self._fenced = threading.Event()
         self._master_lost = threading.Event()  # no heartbeat reached the master for its timeout
+        client.give_up_when(self._master_lost)  # (a call in flight then ends, not after its retries)
         self._standbys: list[Standby] = []
         self.replicas: NodeReplicas | None = None  # snapshot replicas (Checkpoint.replicas)
         self._breakpoint_due: float | None = None  # monotonic deadline of a pending breakpoint save
@@ -259,6 +260,7 @@ class ElasticAgent:
             log.warning("stale_segments_removed", node_id=self.node_id, segments=stale)
         if self._storage is not None:
             saver_client = MasterClient(self.client.addr)
+            saver_client.give_up_when(self._master_lost)
             self.saver = CheckpointSaver(
                 job_id=self.job_id, node_id=self.node_id, storage=self._storage, agent=self.token,
                 persist_timeout_s=self.job.checkpoint.persist_timeout_s,

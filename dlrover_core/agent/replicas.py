@@ -42,6 +42,7 @@ whose memory is gone, fetches its ranks' two newest replicas before the workers 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.client
 import http.server
@@ -496,13 +497,19 @@ class _Connection:
         host, port = address.rsplit(":", 1)
         self.host, self.port, self.timeout_s = host, int(port), timeout_s
         self._conn: http.client.HTTPConnection | None = None
+        self._aborted = False
 
     def _connect(self) -> None:
+        if self._aborted:
+            raise ConnectionAbortedError(f"the connection to {self.host}:{self.port} was aborted")
         if self._conn is None:
             self._conn = http.client.HTTPConnection(self.host, self.port, timeout=min(_CONNECT_TIMEOUT_S, self.timeout_s))
             self._conn.connect()
             assert self._conn.sock is not None
             self._conn.sock.settimeout(self.timeout_s)
+            if self._aborted:  # (aborted while this connected)
+                self.close()
+                raise ConnectionAbortedError(f"the connection to {self.host}:{self.port} was aborted")
 
     def get(self, path: str, receive: Callable[[FrameHeader, Callable[[memoryview], int]], FrameHeader],
             ) -> FrameHeader | None:
@@ -552,6 +559,17 @@ class _Connection:
         except BaseException:
             self.close()
             raise
+
+    def abort(self) -> None:
+        """Break off a request in flight from another thread (its read raises ``OSError`` at
+        once): a source whose host is gone answers nothing, and a read would wait out the
+        whole ``timeout_s``. No request is sent after it."""
+        self._aborted = True
+        conn = self._conn
+        sock = conn.sock if conn is not None else None
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
         if self._conn is not None:
@@ -723,6 +741,7 @@ class ReplicaPuller:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         self._stop.set()
+        self._connection.abort()  # (a read from a source that is gone would wait its timeout out)
         if self._thread.is_alive():
             self._thread.join(timeout_s)
         self._connection.close()

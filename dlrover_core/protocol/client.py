@@ -112,6 +112,15 @@ class MasterClient:
         file = os.environ.get(env.MASTER_ADDR_FILE, "") if addr_file is None else addr_file
         self._addr_file = Path(file) if file else None
         self._swap = threading.Lock()
+        self._give_up: threading.Event | None = None
+
+    def give_up_when(self, event: threading.Event) -> None:
+        """Once ``event`` is set, calls stop retrying and raise :class:`MasterUnavailableError`
+        (a call in flight after its current attempt, which ends within ``timeout_s``; a new
+        call at once). An agent sets it when it has declared the master lost: its main
+        thread must not go on waiting out the retry policy's patience for a master it has
+        given up on."""
+        self._give_up = event
 
     # ----- one method per endpoint ----------------------------------------------------------
 
@@ -190,8 +199,14 @@ class MasterClient:
 
     def _call(self, name: str, body: dict[str, Any] | None = None) -> Any:
         """POST ``body`` to ``/v1/<name>`` (GET without a body); return the JSON answer."""
+        give_up = self._give_up
+        if give_up is not None and give_up.is_set():
+            raise MasterUnavailableError(f"job master at {self.addr}: /v1/{name} not sent, the master was given up on")
+        retrying = self._retrying()
+        if give_up is not None:
+            retrying = retrying.copy(stop=retrying.stop | tenacity.stop_when_event_set(give_up))
         try:
-            for attempt in self._retrying():
+            for attempt in retrying:
                 with attempt:
                     return self._once(name, body)
         except (httpx.TransportError, TransientError) as exc:

@@ -380,7 +380,8 @@ class Parallel:
     ``output_dtype``, ``init_scale``); ``checkpoint`` (activation checkpointing,
     ``wrap_class``); ``compile`` (``torch.compile`` options); ``mesh`` (a ``DeviceMesh``; its
     list of ``(name, size)`` dimensions, first-listed varies fastest, one size may be -1 for
-    the rest; must come first); ``auto`` (picks ddp, fsdp or checkpoint + fsdp from the
+    the rest; must come first; fsdp shards over its ``data`` dimension and, where it has a
+    ``replicate`` dimension too, replicates over that: HSDP); ``auto`` (picks ddp, fsdp or checkpoint + fsdp from the
     model's size and the device memory, options ``shard_above``, ``checkpoint_above``,
     ``wrap_class``, ``device_mb``; see :func:`dlrover_core.parallel_rules.auto_rule_text`).
     Plugins add more names.

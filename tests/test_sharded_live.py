@@ -22,11 +22,11 @@ pytestmark = pytest.mark.slow
 
 
 def sharded_job(tmp: Path, name: str, *, steps: int = 40, sleep_s: float = 0.05, nodes: int = 1,
-                extra: tuple[str, ...] = (), parallel: tuple = ("fsdp",)) -> Job:
+                extra: tuple[str, ...] = (), parallel: tuple = ("fsdp",), ranks: int = 2) -> Job:
     return Job(
         name=name, entrypoint=str(SCRIPTS / "sharded_live_train.py"),
         args=["--steps", str(steps), "--step-sleep", str(sleep_s), "--out", str(tmp / name), *extra],
-        nodes=Nodes(min=nodes, max=nodes, nproc_per_node=2 // nodes), accelerator="cpu", parallel=Parallel(list(parallel)),
+        nodes=Nodes(min=nodes, max=nodes, nproc_per_node=ranks // nodes), accelerator="cpu", parallel=Parallel(list(parallel)),
         checkpoint=Checkpoint(dir=str(tmp / name / "ck"), persist_every_steps=0),
         failure=Failure(max_restarts=3, stop_grace_s=2, heartbeat_timeout_s=3.0),
         log_dir=str(tmp / "runs"),
@@ -195,4 +195,38 @@ def test_a_replacement_killed_while_it_joins_is_replaced_again_and_the_world_goe
     assert survivor in finals and finals[survivor]["start"] == 0
     assert second not in finals and victim not in finals
     assert json.loads((out / "final.json").read_text()) == clean_digest(("fsdp",))
+    assert job_processes(result.job_id) == []
+
+
+HSDP = (("mesh", [("data", 2), ("replicate", 2)]), "fsdp")
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_hsdp_worker_is_replaced_live_and_the_result_is_bit_identical(tmp_path):
+    """A mesh job (data x replicate: HSDP, 4 ranks on 2 nodes; rank 3 shares its shard with
+    rank 1 and its replica group with rank 2): rank 3 is SIGKILLed. The other three keep
+    their processes, the mesh's sub-groups reconnect in place, the replacement loads its
+    shard from its node's memory, and the job ends bit-identical to a run without the kill."""
+    run = sharded_job(tmp_path, "killed", steps=30, nodes=2, ranks=4, parallel=HSDP).submit()
+    wait_for(lambda: run.status().step >= 8, 120, "step 8")
+    pids = wait_for(lambda: run.status().worker_pids if len(run.status().worker_pids) == 4 else None, 30, "4 ranks")
+    victim = pids[3]
+    survivors = {pids[r] for r in range(3)}
+    os.kill(victim, signal.SIGKILL)
+    result = run.wait(progress=False, timeout_s=200)
+    assert result.state == JobState.SUCCEEDED, result.reason
+    (failure,) = result.failures
+    assert failure.recovery == "live", failure
+    out = tmp_path / "killed"
+    finals = {json.loads(p.read_text())["pid"]: json.loads(p.read_text()) for p in out.glob("final_*.json")}
+    assert survivors <= set(finals) and all(finals[p]["start"] == 0 for p in survivors), "a survivor restarted"
+    (replacement,) = set(finals) - survivors
+    assert finals[replacement]["rank"] == 3 and finals[replacement]["start"] >= 1
+    assert restored_from(result) == [("memory", finals[replacement]["start"] - 1)]
+    assert storage_bytes_read(result) == 0
+    clean = sharded_job(tmp_path, "clean", steps=30, sleep_s=0.0, nodes=2, ranks=4, parallel=HSDP).run(progress=False)
+    assert clean.state == JobState.SUCCEEDED, clean.reason
+    shards = {(r["rank"], r["step"]): r["shard"] for rows in steps_by_pid(tmp_path / "clean").values() for r in rows}
+    assert shards[0, 5] == shards[2, 5] != shards[1, 5] == shards[3, 5], "HSDP: ranks 0 and 2 hold one shard"
+    assert json.loads((out / "final.json").read_text()) == json.loads((tmp_path / "clean" / "final.json").read_text())
     assert job_processes(result.job_id) == []

@@ -92,9 +92,11 @@ class ParallelContext:
 
     @property
     def data_parallel_size(self) -> int:
-        """Ranks that replicate or shard the model: the mesh's ``data`` size, else the world."""
+        """Ranks that replicate or shard the model: the mesh's ``data`` size (times its
+        ``replicate`` size, HSDP's), else the world."""
         if self.mesh_dims:
-            return dict(self.mesh_dims).get("data", 1)
+            dims = dict(self.mesh_dims)
+            return dims.get("data", 1) * dims.get("replicate", 1)
         return self.world_size
 
     def data_mesh(self) -> Any:

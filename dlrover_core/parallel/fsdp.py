@@ -31,7 +31,13 @@ def fsdp(
     reduce_dtype: str | None = None,
 ) -> Any:
     """Shard ``model`` with ``fully_shard`` over the data-parallel ranks (``mesh["data"]``, or
-    the whole world).
+    the whole world). Where the mesh also has a ``replicate`` dimension, the model is
+    sharded over ``data`` and replicated over ``replicate`` (HSDP: ``fully_shard`` on the
+    2-D mesh ``mesh["replicate", "data"]``, torch's "hybrid sharding",
+    https://pytorch.org/docs/stable/distributed.fsdp.fully_shard.html: "if mesh is 2D, then
+    parameters are replicated across the 0th dim and sharded across the 1st"), e.g.
+    ``Parallel([("mesh", [("data", 2), ("replicate", 2)]), "fsdp"])``: 4 ranks, the shard
+    groups ``[0, 1]``, ``[2, 3]``, the replica groups ``[0, 2]``, ``[1, 3]``.
 
     Args:
         wrap_class: class name(s) (``"Block"``) or dotted path(s) (``"mypkg.model.Block"``) of
@@ -53,6 +59,8 @@ def fsdp(
         log.warning("fsdp_skipped", reason="torch.distributed is not initialised; call train.init() first")
         return model
     kwargs: dict[str, Any] = {"mesh": ctx.data_mesh()}
+    if ctx.mesh is not None and "replicate" in (ctx.mesh.mesh_dim_names or ()):
+        kwargs["mesh"] = ctx.mesh["replicate", "data"]  # HSDP
     if reshard_after_forward is not None:
         kwargs["reshard_after_forward"] = reshard_after_forward
     if param_dtype or reduce_dtype:

@@ -357,3 +357,26 @@ def test_random_schedules_keep_the_invariants(seed):
     stuck = {p: v for p, v in procs.items() if awake(v) and (v["gen"] != w.generation or v.get("waiting"))}
     assert not stuck, f"not placed in generation {w.generation}: {stuck}"
     assert {v["slot"] for v in procs.values() if awake(v)} <= set(w.members)
+
+
+def test_a_worker_that_cannot_be_re_formed_closes_the_world_and_the_failure_says_why():
+    """A worker whose loop starts says why it cannot be re-formed (a state sharded behind the
+    spec's back, a backend without live sharding): the round's live world closes and the
+    reason reaches the master's decision about the next failure (``JobView.live_why``)."""
+    from dlrover_core.master.live import LiveRecovery
+
+    class Store:
+        def set(self, key, value):
+            pass
+
+    livework = LiveRecovery(why_not="", store_host="h", clock=Clock(), event=lambda kind, **data: None,
+                            straggler_timeout_s=30.0)
+    livework.open(0, [(0, 0), (0, 1)], 1, Store())
+    assert livework.open_round == 0 and livework.why_not_now == ""
+    answer = livework.world.reform(LiveReform(node_id=0, local_rank=1, pid=11, round=0, generation=0, reason="ready",
+                                              error="a sharded DTensor"))
+    assert answer.state == "restart" and answer.reason == "a sharded DTensor"
+    assert livework.open_round is None and livework.why_not_now == "a sharded DTensor"
+    assert LiveRecovery(why_not="failure.live_recovery=False", store_host="h", clock=Clock(),
+                        event=lambda kind, **data: None, straggler_timeout_s=30.0).why_not_now == (
+        "failure.live_recovery=False")

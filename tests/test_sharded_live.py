@@ -230,3 +230,25 @@ def test_a_killed_hsdp_worker_is_replaced_live_and_the_result_is_bit_identical(t
     assert shards[0, 5] == shards[2, 5] != shards[1, 5] == shards[3, 5], "HSDP: ranks 0 and 2 hold one shard"
     assert json.loads((out / "final.json").read_text()) == json.loads((tmp_path / "clean" / "final.json").read_text())
     assert job_processes(result.job_id) == []
+
+
+@pytest.mark.timeout(240)
+def test_a_state_sharded_behind_the_specs_back_restarts_every_worker_and_says_why(tmp_path):
+    """The Job says ddp (replicated) but the script shards through ``train.prepare(parallel=
+    ["fsdp"])``: the replicated live path would shrink the world and hand the replacement
+    another rank's shard. The workers tell the master when their loop starts; the kill
+    restarts every worker, with the reason, and the result is still the clean run's."""
+    run = sharded_job(tmp_path, "undeclared", steps=40, parallel=("ddp",),
+                      extra=("--prepare-parallel", "fsdp")).submit()
+    wait_for(lambda: run.status().step >= 8, 90, "step 8")
+    pids = wait_for(lambda: run.status().worker_pids if len(run.status().worker_pids) == 2 else None, 30, "both ranks")
+    os.kill(pids[1], signal.SIGKILL)
+    result = run.wait(progress=False, timeout_s=150)
+    assert result.state == JobState.SUCCEEDED, result.reason
+    (failure,) = result.failures
+    assert failure.recovery == "restart_all" and "sharded DTensor" in failure.action, failure
+    clean = sharded_job(tmp_path, "clean", steps=40, sleep_s=0.0).run(progress=False)
+    assert clean.state == JobState.SUCCEEDED, clean.reason
+    assert json.loads((tmp_path / "undeclared" / "final.json").read_text()) == json.loads(
+        (tmp_path / "clean" / "final.json").read_text())
+    assert job_processes(result.job_id) == []

@@ -85,7 +85,8 @@ class JobView:
         held: ``(round, node_id)`` of a restart held for the other ranks' reports (an
             exception before the first step), ``None`` when none is.
         live_round: the round whose live world is open (``None``: none, or it closed).
-        live_why: why this job's failures cannot be recovered live at all (``""``: they can).
+        live_why: why this job's failures cannot be recovered live at all, or why the
+            running round's live world closed (``""``: they can).
     """
 
     state: JobState

@@ -235,7 +235,7 @@ class JobMaster:
         held = (self.book.held[0], self.book.held[2]) if self.book.held is not None else None
         return JobView(state=self.state, required_round=self.required_round, current=current, restarts=self.restarts,
                        max_restarts=self.job.failure.max_restarts, held=held, live_round=self.livework.open_round,
-                       live_why=self.live_why)
+                       live_why=self.livework.why_not_now)
 
     def finish(self, state: JobState, reason: str = "") -> None:
         if self.state.is_terminal:

@@ -375,6 +375,13 @@ class LiveRecovery:
         self._told = 0  # transitions of the world already turned into events
 
     @property
+    def why_not_now(self) -> str:
+        """Why a failure of the running round is not recovered live (``""``: it may be): the
+        job's reason (:attr:`why_not`), else why the round's live world closed (a worker
+        said it cannot be re-formed, a sharded world found no step to resume...)."""
+        return self.why_not or (self.world.closed if self.world is not None else "")
+
+    @property
     def open_round(self) -> int | None:
         """The round whose live world is open (``None``: none, or it closed)."""
         return self.world.round if self.world is not None and not self.world.closed else None

@@ -322,7 +322,8 @@ class _Loop:
             problem = _unsendable(_skeleton(self.state, []))
             if problem is not None:  # found now, not when a replacement waits for the state
                 raise LiveRecoveryError(problem)
-            answer = self._ask("ready", self._off)
+            off = self._off or ("" if self.sharded else _undeclared_shard(self.state))
+            answer = self._ask("ready", off)
             if answer.state != "ready":
                 log.info("live_recovery_off", reason=answer.reason)
                 self.live = False
@@ -720,6 +721,34 @@ def _refs(obj: Any) -> Iterator[_TensorRef]:
 def _skeleton(state: dict[str, Any], tensors: list[Any]) -> dict[str, Any]:
     """Every ``state`` entry's ``state_dict()`` with its tensors moved to ``tensors``."""
     return {k: _pack(v.state_dict(), tensors) for k, v in state.items() if hasattr(v, "state_dict")}
+
+
+def _undeclared_shard(state: dict[str, Any]) -> str:
+    """Why a job whose spec calls its state replicated cannot recover live (``""``: it can):
+    a ``state_dict()`` holds a sharded ``DTensor`` (a ``Shard`` placement), e.g. a script
+    that applied ``fully_shard`` itself or passed ``parallel=`` to ``train.prepare``. The
+    replicated path would shrink the world and hand a replacement another rank's shard, so
+    such a worker tells the master and every failure restarts every worker (from memory)."""
+    from torch.distributed.tensor import DTensor, Shard  # heavy: torch
+
+    tensors: list[Any] = []
+    skeleton = _skeleton(state, tensors)
+
+    def path_of(obj: Any, path: str) -> str | None:
+        if isinstance(obj, _TensorRef):
+            t = tensors[obj.index]
+            return path if isinstance(t, DTensor) and any(isinstance(p, Shard) for p in t.placements) else None
+        children = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+        return next((found for key, value in children if (found := path_of(value, f"{path}[{key!r}]"))), None)
+
+    for name, entry in skeleton.items():
+        found = path_of(entry, "")
+        if found is not None:
+            return (f"state[{name!r}].state_dict(){found} is a sharded DTensor, but Job.parallel declares the state "
+                    "replicated (shard it through Job(parallel=Parallel(['fsdp'])) and train.prepare(), so that "
+                    "the live world keeps its size and a replacement loads its own shard; until then every "
+                    "failure restarts every worker)")
+    return ""
 
 
 def _unsendable(skeleton: dict[str, Any]) -> str | None:

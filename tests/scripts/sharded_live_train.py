@@ -8,7 +8,8 @@ size, step, this rank's shard checksum, the step's start and end times). At the 
 sha256 of the full (all-gathered) parameters and optimizer state to ``--out/final.json``.
 Args: --steps N, --step-sleep S, --width W (the hidden layers' width: the state's size;
 benchmarks/sharded_recovery.py scales it), --hold-file F (while F exists, each step waits at
-its start: a test holds the job still, e.g. until a buddy's replica is current).
+its start: a test holds the job still, e.g. until a buddy's replica is current),
+--prepare-parallel NAME (passed to ``train.prepare`` instead of the Job's strategies).
 """
 
 import argparse
@@ -58,6 +59,7 @@ def main() -> int:
     p.add_argument("--step-sleep", type=float, default=0.05)
     p.add_argument("--width", type=int, default=16)
     p.add_argument("--hold-file", default=None)
+    p.add_argument("--prepare-parallel", default=None, help="strategy given to train.prepare (not the Job's)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     out = Path(a.out)
@@ -66,7 +68,8 @@ def main() -> int:
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(8, a.width), torch.nn.ReLU(), torch.nn.Linear(a.width, a.width),
                               torch.nn.ReLU(), torch.nn.Linear(a.width, 4))
-    model, opt = train.prepare(net, lr=0.01)
+    parallel = [a.prepare_parallel] if a.prepare_parallel else None
+    model, opt = train.prepare(net, lr=0.01, parallel=parallel)
     state = train.ModelOptimizerState(model, opt)
     ckpt = train.Checkpointer()
     restored = ckpt.load({"train": state})

@@ -49,6 +49,32 @@ def shm_entries() -> set[str]:
         return set()
 
 
+def kill_node(run: Any, node_id: int) -> None:
+    """Node ``node_id`` of a local-scheduler job dies as a machine does: its agent and every
+    process under it SIGKILLed, its shared memory gone at once. Only the dying incarnation's
+    segments (``...-n<node>-a<token>-...``, the tokens present before the kill) go: the job's
+    supervision may relaunch the node meanwhile, and its new agent's segments (replicas it
+    fetched) are not the dead machine's."""
+    import json
+    import signal
+
+    from dlrover_core.checkpoint.shm import SHM_DIR, node_prefix, remove_segments
+
+    handle = json.loads((Path(run.handle.log_dir) / "handle.json").read_text())
+    agent = psutil.Process(handle["agents"][f"node-{node_id}"])
+    victims = [agent, *agent.children(recursive=True)]
+    prefix = node_prefix(run.job_id, node_id)
+    tokens = {name[len(prefix):].split("-", 1)[0] for name in os.listdir(SHM_DIR) if name.startswith(prefix)}
+    for p in victims:
+        try:
+            os.kill(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for token in tokens:
+        remove_segments(node_prefix(run.job_id, node_id, int(token)))
+    psutil.wait_procs(victims, timeout=10)
+
+
 def communicate_all(procs: list, timeout_s: float) -> list[str]:
     """Wait for each rank's process (``subprocess.Popen`` with text stdout); kill what is
     left; assert every one exited 0, showing the outputs' tail otherwise. Returns the outputs."""

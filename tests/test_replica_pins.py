@@ -1,8 +1,9 @@
 """Replica pins (issue 28): every node keeps the steps a lost node's replicas are of.
 
-A seeded model of a job's nodes under random schedules: the real rules decide (a save
-takes an unpinned slot, else waits; :func:`pins_to_release` releases; the master's
-:func:`resume_step` chooses the step), the schedule is random: which rank saves, which
+A seeded model of a job's nodes under random schedules: the real rules decide (the ranks
+agree to save a step only when every rank's newest snapshot is confirmed and a slot is
+unpinned, else every rank skips it and the training goes on; :func:`pins_to_release`
+releases; the master's :func:`resume_step` chooses the step), the schedule is random: which rank saves, which
 buddy asks or finishes a transfer (a transfer whose source slot was re-published meanwhile
 is torn and dropped, as ``send_frame``'s seqlock does), when an agent looks at its pins.
 At random moments a node is taken as lost; the invariant: its ranks' replicas on its
@@ -34,15 +35,18 @@ class Rank:
     def live(self) -> list[dict]:
         return [s for s in self.slots if s is not None]
 
-    def try_save(self, step: int) -> bool:
+    def ready(self) -> bool:
+        """``MemorySnapshots.ready_to_save``: a free slot, and the newest snapshot confirmed."""
         free = [i for i, s in enumerate(self.slots) if s is None or not s["pinned"]]
-        if not free or any(s["pinned"] and not s["confirmed"] for s in self.live()):
-            return False  # waits for the agent to release a pin, or to confirm the newest
+        return bool(free) and not any(s["pinned"] and not s["confirmed"] for s in self.live())
+
+    def save(self, step: int) -> None:
+        assert self.ready(), "a save the ranks agreed on found no slot"  # (the agent only frees more)
+        free = [i for i, s in enumerate(self.slots) if s is None or not s["pinned"]]
         i = min(free, key=lambda i: -1 if self.slots[i] is None else self.slots[i]["id"])
         self.next_id += 1
         self.slots[i] = {"step": step, "id": self.next_id, "pinned": True, "confirmed": False}
         self.saved = step
-        return True
 
 
 class Holder:
@@ -84,13 +88,15 @@ def test_a_lost_nodes_replicas_always_share_a_step_with_every_other_rank_seeded(
     buddy_says: dict[int, dict[int, int]] = {n: {} for n in nodes}  # what each node's server heard
     # speeds: each node's buddy is fast or slow, each agent looks at its pins often or rarely
     weights = {("pull", n): rng.choice([1, 3, 10]) for n in nodes} | {("keep", n): rng.choice([1, 5]) for n in nodes}
-    step, target, events, checked, gone_back = 0, 40, 0, 0, 0
+    step, target, events, checked, gone_back, saved_steps = 0, 120, 0, 0, 0, 0
+    agreed: bool | None = None  # whether every rank saves the step every rank applied last
+    everyone = [r for ranks in nodes.values() for r in ranks]
     while step < target:
         events += 1
         assert events < 200_000, f"deadlock at step {step}"
-        pending = [r for ranks in nodes.values() for r in ranks if r.saved < step]
-        if not pending:
-            step += 1
+        pending = [r for r in everyone if r.saved < step] if agreed else []
+        if agreed is not None and not pending:  # saved by every rank, or skipped by every rank
+            step, agreed = step + 1, None
             continue
         choices = [("save", None)] * 5 + [k for k, w in weights.items() for _ in range(w)] + [("back", None)]
         kind, n = rng.choice(choices)
@@ -98,16 +104,19 @@ def test_a_lost_nodes_replicas_always_share_a_step_with_every_other_rank_seeded(
             if step < 2 or gone_back >= 3:
                 continue
             gone_back += 1
-            back = resume_step({(m, r.rank): SimpleNamespace(replica=True, step=step - 1 if r.saved < step else step,
+            back = resume_step({(m, r.rank): SimpleNamespace(replica=True, step=step,
                                                              memory_steps=[s["step"] for s in r.live()])
                                 for m in nodes for r in nodes[m]})[0]
             assert back is not None, f"seed {seed}: no step every rank holds at step {step}"
-            for r in (r for ranks in nodes.values() for r in ranks):
+            for r in everyone:
                 r.slots = [s if s is not None and s["step"] <= back else None for s in r.slots]  # abandoned
-                r.saved = back
-            step = back + 1
+                r.saved = min(r.saved, back)
+            step, agreed = back + 1, None
+        elif kind == "save" and agreed is None:  # the ranks' all-reduce before the save
+            agreed = all(r.ready() for r in everyone)
+            saved_steps += agreed
         elif kind == "save":
-            rng.choice(pending).try_save(step)
+            rng.choice(pending).save(step)
         elif kind == "pull":
             h, source = holder_of[n], nodes[n]
             if h.transfer is None:  # ask for the next rank: say what is held, get the pass's step
@@ -154,7 +163,7 @@ def test_a_lost_nodes_replicas_always_share_a_step_with_every_other_rank_seeded(
                     f"seed {seed}: node {lost} lost at step {step}: "
                     f"replicas {[[s and s['step'] for s in holder_of[lost].replicas[r.rank]] for r in nodes[lost]]}, "
                     f"others {[[s and (s['step'], s['pinned']) for s in r.slots] for m in nodes if m != lost for r in nodes[m]]}")
-    assert checked > 0
+    assert checked > 0 and saved_steps > 0
 
 
 def test_the_rule_keeps_the_buddys_newest_and_the_step_before():
@@ -316,3 +325,39 @@ def test_the_buddys_long_poll_returns_when_a_new_step_is_saved(job_id):
         server.close()
         store.close()
         mem.close()
+
+
+def test_a_replicated_rank_is_ready_to_save_once_its_newest_snapshot_is_confirmed(job_id):
+    """What the ranks agree on before a memory-only save: not ready while the buddy has not
+    confirmed the newest snapshot, or while every slot is pinned; ready again when the agent
+    confirms it. A job without replicas is ready whenever a slot is free."""
+    from dlrover_core.checkpoint.memory import MemorySnapshots
+    from dlrover_core.checkpoint.shm import PIN_CONFIRMED, PIN_RELEASED
+
+    mem = MemorySnapshots(job_id=job_id, node_id=0, rank=0, wait_timeout_s=5.0, replicated=True)
+    plain = MemorySnapshots(job_id=job_id, node_id=1, rank=0, wait_timeout_s=5.0)
+    try:
+        assert mem.ready_to_save() and plain.ready_to_save()
+        assert _save(mem, 0) and _save(plain, 0) and _save(plain, 1)
+        assert not mem.ready_to_save()  # the buddy does not hold step 0 yet
+        assert plain.ready_to_save()  # (no pins: the older slot is taken)
+
+        def set_pins(pin: int) -> None:
+            for slot in mem.slots:
+                h = slot.header()
+                if h is not None and h.live:
+                    with slot.shared():
+                        slot.set_pin(pin)
+
+        set_pins(PIN_CONFIRMED)
+        assert mem.ready_to_save()
+        assert _save(mem, 1)
+        set_pins(PIN_CONFIRMED)
+        assert _save(mem, 2)
+        set_pins(PIN_CONFIRMED)  # three confirmed, still pinned: no slot to take
+        assert not mem.ready_to_save()
+        set_pins(PIN_RELEASED)
+        assert mem.ready_to_save()
+    finally:
+        mem.close()
+        plain.close()

@@ -191,13 +191,10 @@ def test_a_lost_node_restores_from_its_buddys_memory_not_from_storage(tmp_path):
     every rank restores from memory (no storage read) at a step newer than the last commit;
     the job ends with the parameters of a run without the failure, bit for bit."""
     import json
-    import os
     import random
-    import signal
     from pathlib import Path
 
-    import psutil
-    from helpers import SCRIPTS, job_processes, shm_entries, wait_for
+    from helpers import SCRIPTS, job_processes, kill_node, shm_entries, wait_for
 
     from dlrover_core import Checkpoint, Failure, Job, JobState
 
@@ -213,12 +210,7 @@ def test_a_lost_node_restores_from_its_buddys_memory_not_from_storage(tmp_path):
     wait_for(lambda: run.status().step >= 14, 90, "step 14")
     # the machine dies at a random moment: the replica pins keep a step every rank can restore
     time.sleep(random.Random(14).uniform(0.0, 0.8))
-    agent = psutil.Process(json.loads((Path(run.handle.log_dir) / "handle.json").read_text())["agents"]["node-1"])
-    victims = [agent, *agent.children(recursive=True)]
-    for p in victims:
-        os.kill(p.pid, signal.SIGKILL)
-    psutil.wait_procs(victims, timeout=10)
-    remove_segments(node_prefix(run.job_id, 1))  # the machine's memory is gone with it
+    kill_node(run, 1)  # the machine's memory is gone with it
     result = run.wait(progress=False, timeout_s=180)
     assert result.state == JobState.SUCCEEDED, result.reason
     (failure,) = result.failures  # (the survivor's broken collective or the lost node: whichever came first)

@@ -20,13 +20,16 @@ node's memory, ``Checkpoint.replicas``). A lost node's ranks resume from their r
 every other rank must still hold the step those replicas are of. Each snapshot is
 published *pinned*; the node's agent marks it *confirmed* once the buddy holds it (or a
 newer one) of every rank of the node, and *releases* it once the buddy holds a newer one
-than the step before (:func:`dlrover_core.agent.replicas.pins_to_release`). A save waits
-until the rank's newest snapshot is confirmed and a slot is not pinned: the training goes at
-the pace of its replication (as Gemini, SOSP '23 §4, checkpoints every iteration to remote
-memory only as fast as the network allows), no node's snapshots run more than one ahead of
-its replicas, and, the steps of a synchronous job moving together, every rank's three
-slots hold the step a lost node's replicas are of (``tests/test_replica_pins.py`` checks
-it under random schedules). While the buddy is silent (lost, or its puller stopped) the
+than the step before (:func:`dlrover_core.agent.replicas.pins_to_release`). A snapshot is
+taken only once the rank's newest one is confirmed and a slot is not pinned; the ranks
+agree on it before each memory-only save (:meth:`MemorySnapshots.ready_to_save`, one
+all-reduce) and skip the save together otherwise, so the snapshots go at the pace of their
+replication while the training goes at its own (as Gemini, SOSP '23 §4, checkpoints to
+remote memory as often as the network allows without slowing the iterations). No node's
+snapshots run more than one ahead of its replicas, every rank's snapshots are of the same
+steps, and every rank's three slots hold the step a lost node's replicas are of
+(``tests/test_replica_pins.py`` checks it under random schedules). A save due for
+persistence is never skipped: it waits for the confirmation (backpressure). While the buddy is silent (lost, or its puller stopped) the
 agent marks the pins *held*: a save is skipped rather than waiting (nothing the survivors
 may need is overwritten); a save due for persistence takes a held slot (storage first).
 """
@@ -166,6 +169,19 @@ class MemorySnapshots:
         if h.awaiting_persist or (self.replicated and h.pinned and not (persist and h.pin == PIN_HELD)):
             return None  # (pins left by a replicated round bind only a replicated writer)
         return (1, h.seq)
+
+    def ready_to_save(self) -> bool:
+        """Whether a memory-only save now finds a slot without waiting: where snapshots are
+        replicated, the buddy confirmed the rank's newest snapshot and a slot is neither
+        pinned nor waiting for its persist. A replicated job's ranks agree on it before each
+        memory-only save and skip the save together when one is not ready
+        (:meth:`dlrover_core.train.Checkpointer.save`): the snapshots go at the pace of
+        their replication, the training does not wait for it."""
+        headers = [slot.header() for slot in self.slots]
+        if self.replicated and any(h is not None and h.pinned and h.pin == PIN_KEPT and h.rank == self.rank
+                                   for h in headers):
+            return False
+        return any(self._free(h) is not None for h in headers)
 
     def _lock_free_slot(self, *, persist: bool) -> SnapshotSlot | None:
         """A slot locked exclusively that holds nothing waiting for a persist or pinned for

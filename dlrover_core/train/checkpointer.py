@@ -160,7 +160,39 @@ def _barrier() -> None:
         dist.barrier()
 
 
-#: Seconds between two ``replica_backpressure`` warnings (a slow buddy slows every step).
+def _every_rank(flag: bool) -> bool:
+    """Whether ``flag`` holds on every rank (one all-reduce of an int on the default group; a
+    CUDA tensor on NCCL). Every rank must call it at the same step."""
+    import torch  # heavy: torch
+    import torch.distributed as dist  # heavy: torch
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend()) else None
+    t = torch.tensor([int(flag)], dtype=torch.int32, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
+
+
+#: Seconds between two ``snapshot_skipped`` lines (a fast loop skips many).
+_SKIPPED_LOG_EVERY_S = 60.0
+_skipped_logged = -_SKIPPED_LOG_EVERY_S
+_skipped = 0
+
+
+def _replicas_behind(step: int) -> None:
+    """Say (now and then) that snapshots are skipped while a buddy catches up."""
+    global _skipped_logged, _skipped
+    _skipped += 1
+    now = time.monotonic()
+    if now - _skipped_logged >= _SKIPPED_LOG_EVERY_S:
+        _skipped_logged = now
+        log.info("snapshots_skipped", step=step, skipped=_skipped,
+                 reason="a buddy node does not hold a rank's newest snapshot yet: the snapshots go at the pace of "
+                        "their replication (checkpoint.replica_mb_per_s, replica_cpu_share), the training at its own")
+
+
+#: Seconds between two ``replica_backpressure`` warnings (a slow buddy slows every persist).
 _BACKPRESSURE_LOG_EVERY_S = 10.0
 _backpressure_logged = -_BACKPRESSURE_LOG_EVERY_S
 
@@ -174,9 +206,9 @@ def _backpressure(step: int, snapshots: MemorySnapshots, *, saved: bool) -> None
             return
         _backpressure_logged = now
         log.warning("replica_backpressure", step=step, waited_s=round(snapshots.waited_s, 3), skipped=not saved,
-                    reason="every snapshot slot is kept until the buddy node holds newer replicas: the replicas are "
-                           "made slower than checkpoint.memory_every_steps asks (raise it, or "
-                           "checkpoint.replica_mb_per_s / replica_cpu_share), or the buddy is silent")
+                    reason="a save due for persistence waits until the buddy node holds the rank's newest snapshot: "
+                           "the replicas are made slower than the steps (raise checkpoint.replica_mb_per_s / "
+                           "replica_cpu_share, or persist less often), or the buddy is silent")
     elif saved:
         log.warning("checkpoint_backpressure", step=step, waited_s=round(snapshots.waited_s, 3),
                     reason="every snapshot slot waited for its persist: the storage writes slower "
@@ -380,8 +412,11 @@ class Checkpointer:
         both of the rank's slots still wait for their persist (the storage writes slower
         than steps ask for it), a save asking for persistence waits for a free slot
         (backpressure, logged as ``checkpoint_backpressure``) and a memory-only save is
-        skipped (returns False). Without memory, blocks until this rank's shard is durable
-        in storage. Every rank must save the same steps.
+        skipped (returns False). Where snapshots are replicated (``Checkpoint.replicas``), the
+        ranks agree before a memory-only save (one all-reduce) and skip it together while a
+        buddy node does not hold a rank's newest snapshot yet: the snapshots go at the pace of
+        their replication, the steps at their own. Without memory, blocks until this rank's
+        shard is durable in storage. Every rank must save the same steps.
 
         Raises:
             CheckpointError: ``state`` holds an unsupported type; storage failed (disk-only);
@@ -401,6 +436,11 @@ class Checkpointer:
         t0 = time.monotonic()
         rank, world_size = _rank_world()
         self._saved_state = state
+        if not persist and world_size > 1:
+            snapshots = self._snapshots(rank)
+            if snapshots is not None and snapshots.replicated and not _every_rank(snapshots.ready_to_save()):
+                _replicas_behind(step)
+                return False  # every rank skips this snapshot: the replicas have not caught up
         with _gc_paused():
             layout = build_layout({"state": state, "rng": get_rng_state()}, step=step, rank=rank,
                                   world_size=world_size, plan=self._layout_plan)

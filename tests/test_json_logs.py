@@ -130,7 +130,9 @@ def test_job_run_prints_only_json_lines(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "[info" not in proc.stderr, proc.stderr[-2000:]
     records = json_lines(proc.stdout)
-    outputs = {(r["node"], r["rank"], r["text"]) for r in records if r["event"] == "output"}
+    # (a node's own processes may print a plain line too, e.g. a C++ warning of torch's c10d
+    # under load: an output record of the node without a rank)
+    outputs = {(r.get("node"), r.get("rank"), r["text"]) for r in records if r["event"] == "output"}
     assert {(0, 0, "plain text from rank 0"), (1, 1, "plain text from rank 1")} <= outputs, outputs
     script_events = {(r["node"], r["rank"], r["answer"]) for r in records if r["event"] == "script_event"}
     assert script_events == {(0, 0, 42), (1, 1, 42)}
@@ -158,7 +160,9 @@ def test_dlrover_run_prints_only_json_lines(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stderr == "", proc.stderr[-2000:]
     records = json_lines(proc.stdout)
-    outputs = {(r["node"], r["rank"], r["text"]) for r in records if r["event"] == "output"}
+    # (a node's own processes may print a plain line too, e.g. a C++ warning of torch's c10d
+    # under load: an output record of the node without a rank)
+    outputs = {(r.get("node"), r.get("rank"), r["text"]) for r in records if r["event"] == "output"}
     assert {(0, 0, "plain text from rank 0"), (0, 1, "plain text from rank 1")} <= outputs, outputs
     assert {(r["node"], r["rank"]) for r in records if r["event"] == "script_event"} == {(0, 0), (0, 1)}
     assert any(r["event"] == "workers_started" and r["node"] == 0 for r in records)

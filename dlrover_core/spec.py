@@ -177,10 +177,7 @@ class Checkpoint:
         dir: storage location (a directory for ``posix``; a URL for other storages).
         storage: name of a registered checkpoint storage.
         memory_every_steps: snapshot to memory every N steps (0 = never; Flash Checkpoint).
-        persist_every_steps: persist to storage every N steps (0 = only when forced). Where
-            snapshots are replicated and taken every step, a persist that falls on a step
-            every rank skipped (its buddy has not confirmed the newest snapshot yet) is taken
-            at the next step every rank snapshots.
+        persist_every_steps: persist to storage every N steps (0 = only when forced).
         keep_last: committed steps to keep in storage (older ones are deleted).
         persist_timeout_s: a shard write to storage that has not returned after this many
             seconds (a hung mount, a stuck upload) ends the job FAILED, naming the storage

@@ -340,7 +340,6 @@ def test_a_replicated_rank_is_ready_to_save_once_its_newest_snapshot_is_confirme
         assert mem.ready_to_save() and plain.ready_to_save()
         assert _save(mem, 0) and _save(plain, 0) and _save(plain, 1)
         assert not mem.ready_to_save()  # the buddy does not hold step 0 yet
-        assert not mem.ready_to_save(persist=True)  # (a persist too: it would be two ahead)
         assert plain.ready_to_save()  # (no pins: the older slot is taken)
 
         def set_pins(pin: int) -> None:
@@ -357,7 +356,6 @@ def test_a_replicated_rank_is_ready_to_save_once_its_newest_snapshot_is_confirme
         assert _save(mem, 2)
         set_pins(PIN_CONFIRMED)  # three confirmed, still pinned: no slot to take
         assert not mem.ready_to_save()
-        assert mem.ready_to_save(persist=True)  # (a persist waits for a slot, as for the storage)
         set_pins(PIN_RELEASED)
         assert mem.ready_to_save()
     finally:

@@ -171,19 +171,18 @@ class MemorySnapshots:
             return None  # (pins left by a replicated round bind only a replicated writer)
         return (1, h.seq)
 
-    def ready_to_save(self, *, persist: bool = False) -> bool:
-        """Whether a save now would not wait for the replicas: where snapshots are
-        replicated, the buddy confirmed the rank's newest snapshot; for a memory-only save
-        also a slot is neither pinned nor waiting for its persist (a save due for
-        persistence may still wait for the storage: backpressure). A replicated job's ranks
-        agree on it before each save and skip the save together when one is not ready
+    def ready_to_save(self) -> bool:
+        """Whether a memory-only save now finds a slot without waiting: where snapshots are
+        replicated, the buddy confirmed the rank's newest snapshot and a slot is neither
+        pinned nor waiting for its persist. A replicated job's ranks agree on it before each
+        memory-only save and skip the save together when one is not ready
         (:meth:`dlrover_core.train.Checkpointer.save`): the snapshots go at the pace of
         their replication, the training does not wait for it."""
         headers = [slot.header() for slot in self.slots]
         if self.replicated and any(h is not None and h.pinned and h.pin == PIN_KEPT and h.rank == self.rank
                                    for h in headers):
             return False
-        return persist or any(self._free(h) is not None for h in headers)
+        return any(self._free(h) is not None for h in headers)
 
     def _lock_free_slot(self, *, persist: bool) -> SnapshotSlot | None:
         """A slot locked exclusively that holds nothing waiting for a persist or pinned for

@@ -160,26 +160,18 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def _replica_pins() -> bool:
-    """Whether this round replicates its snapshots (the agent says so to every worker of the
-    round alike: every rank takes the same branch of a collective decision on it)."""
-    return os.environ.get(env.REPLICA_PINS) == "1"
-
-
-def _every_rank(*flags: bool, any_of: tuple[bool, ...] = ()) -> tuple[bool, ...]:
-    """Whether each of ``flags`` holds on every rank, then whether each of ``any_of`` holds on
-    any rank: one all-reduce (``MIN``) of a few ints on the default group (a CUDA tensor on
-    NCCL). Every rank must call it at the same step with as many flags."""
+def _every_rank(flag: bool) -> bool:
+    """Whether ``flag`` holds on every rank (one all-reduce of an int on the default group; a
+    CUDA tensor on NCCL). Every rank must call it at the same step."""
     import torch  # heavy: torch
     import torch.distributed as dist  # heavy: torch
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return (*flags, *any_of)
+        return flag
     device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend()) else None
-    t = torch.tensor([int(f) for f in flags] + [1 - int(f) for f in any_of], dtype=torch.int32, device=device)
+    t = torch.tensor([int(flag)], dtype=torch.int32, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    values = [bool(v) for v in t.tolist()]
-    return (*values[:len(flags)], *(not v for v in values[len(flags):]))
+    return bool(t.item())
 
 
 #: Seconds between two ``snapshot_skipped`` lines (a fast loop skips many).
@@ -322,7 +314,6 @@ class Checkpointer:
         if _started_by_agent():
             self._client = MasterClient(os.environ[env.MASTER_ADDR])
         self._memory: MemorySnapshots | None = None
-        self._persist_carried = False  # a persist every rank skipped (replicas behind): taken at the next save
         self._memory_off_reason: str | None = None
         self._layout_plan: LayoutPlan | None = None  # the last save's layout plan (see build_layout)
         self._saved_state: dict[str, Any] | None = None  # what the last save() saved (go_back's targets)
@@ -435,8 +426,7 @@ class Checkpointer:
         persist = force or self.persist_due(step)
         every = self.config.memory_every_steps
         to_memory = every > 0 and step % every == 0
-        carried = self._persist_carried and every == 1
-        if not (persist or to_memory or carried):
+        if not (persist or to_memory):
             return False
         if self.restored_step is not None and step <= self.restored_step:
             raise CheckpointError(
@@ -446,9 +436,9 @@ class Checkpointer:
         t0 = time.monotonic()
         rank, world_size = _rank_world()
         self._saved_state = state
-        if world_size > 1 and _replica_pins() and every > 0:
-            go, persist = self._agree_to_save(rank, persist=persist or carried, force=force, every=every)
-            if not go:
+        if not persist and world_size > 1:
+            snapshots = self._snapshots(rank)
+            if snapshots is not None and snapshots.replicated and not _every_rank(snapshots.ready_to_save()):
                 _replicas_behind(step)
                 return False  # every rank skips this snapshot: the replicas have not caught up
         with _gc_paused():
@@ -481,27 +471,6 @@ class Checkpointer:
         writer.mark()
         log.debug("checkpoint_saved", step=step, where=where, persist=persist, stall_s=round(stall_s, 4))
         return True
-
-    def _agree_to_save(self, rank: int, *, persist: bool, force: bool, every: int) -> tuple[bool, bool]:
-        """Where snapshots are replicated: whether every rank saves this step, and whether it
-        persists it, agreed by every rank (one all-reduce). A snapshot is taken only when
-        every rank's newest one is confirmed by its buddy
-        (:meth:`~dlrover_core.checkpoint.memory.MemorySnapshots.ready_to_save`), else every
-        rank skips it; a persist that falls on a skipped step is carried to the next step
-        every rank takes (with snapshots every step: every rank then persists the same
-        steps, a replacement that joined meanwhile too); a forced save (the last step) is
-        taken and persisted by every rank, waiting for the confirmation."""
-        snapshots = self._snapshots(rank)
-        ready_memory = snapshots.ready_to_save() if snapshots is not None else True
-        ready_persist = snapshots.ready_to_save(persist=True) if snapshots is not None else True
-        ready_memory, ready_persist, persist, force = _every_rank(ready_memory, ready_persist, any_of=(persist, force))
-        if force or (persist and (ready_persist or every != 1)):
-            self._persist_carried = False
-            return True, True  # (with snapshots less often than every step: the persist waits, as before)
-        if persist:
-            self._persist_carried = True
-            return False, False
-        return ready_memory, False
 
     def _persist_direct(self, step: int, rank: int, world_size: int, layout: Any) -> None:
         """Write this rank's shard to storage and get the step committed."""

@@ -28,9 +28,9 @@ replication while the training goes at its own (as Gemini, SOSP '23 §4, checkpo
 remote memory as often as the network allows without slowing the iterations). No node's
 snapshots run more than one ahead of its replicas, every rank's snapshots are of the same
 steps, and every rank's three slots hold the step a lost node's replicas are of
-(``tests/test_replica_pins.py`` checks it under random schedules). A persist due on a
-skipped step is carried to the next step every rank snapshots; a forced save (the last
-step) waits for the confirmation (backpressure). While the buddy is silent (lost, or its puller stopped) the
+(``tests/test_replica_pins.py`` checks it under random schedules). A save due for
+persistence is never skipped (every rank persists the steps ``persist_every_steps`` names):
+it waits for the confirmation (backpressure). While the buddy is silent (lost, or its puller stopped) the
 agent marks the pins *held*: a save is skipped rather than waiting (nothing the survivors
 may need is overwritten); a save due for persistence takes a held slot (storage first).
 """

@@ -22,8 +22,9 @@ published *pinned*; the node's agent marks it *confirmed* once the buddy holds i
 newer one) of every rank of the node, and *releases* it once the buddy holds a newer one
 than the step before (:func:`dlrover_core.agent.replicas.pins_to_release`). A snapshot is
 taken only once the rank's newest one is confirmed and a slot is not pinned; the ranks
-agree on it before each memory-only save (:meth:`MemorySnapshots.ready_to_save`, one
-all-reduce) and skip the save together otherwise, so the snapshots go at the pace of their
+agree on it at each step's start in ``train.steps`` (:meth:`MemorySnapshots.ready_to_save`,
+in the live loop's all-reduce) and skip a memory-only save together otherwise (another
+loop's save waits for it), so the snapshots go at the pace of their
 replication while the training goes at its own (as Gemini, SOSP '23 §4, checkpoints to
 remote memory as often as the network allows without slowing the iterations). No node's
 snapshots run more than one ahead of its replicas, every rank's snapshots are of the same

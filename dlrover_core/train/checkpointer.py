@@ -160,20 +160,6 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def _every_rank(flag: bool) -> bool:
-    """Whether ``flag`` holds on every rank (one all-reduce of an int on the default group; a
-    CUDA tensor on NCCL). Every rank must call it at the same step."""
-    import torch  # heavy: torch
-    import torch.distributed as dist  # heavy: torch
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return flag
-    device = torch.device("cuda", torch.cuda.current_device()) if "nccl" in str(dist.get_backend()) else None
-    t = torch.tensor([int(flag)], dtype=torch.int32, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return bool(t.item())
-
-
 #: Seconds between two ``snapshot_skipped`` lines (a fast loop skips many).
 _SKIPPED_LOG_EVERY_S = 60.0
 _skipped_logged = -_SKIPPED_LOG_EVERY_S
@@ -314,6 +300,7 @@ class Checkpointer:
         if _started_by_agent():
             self._client = MasterClient(os.environ[env.MASTER_ADDR])
         self._memory: MemorySnapshots | None = None
+        self._agreed: tuple[int, bool] | None = None  # (step, whether every rank snapshots it): train.steps
         self._memory_off_reason: str | None = None
         self._layout_plan: LayoutPlan | None = None  # the last save's layout plan (see build_layout)
         self._saved_state: dict[str, Any] | None = None  # what the last save() saved (go_back's targets)
@@ -354,6 +341,24 @@ class Checkpointer:
         if self._memory is not None:
             self._memory.close()
             self._memory = None
+
+    def replicas_ready(self) -> bool:
+        """Whether this rank's next memory-only save finds its newest snapshot confirmed by
+        its buddy node and a slot free (:meth:`MemorySnapshots.ready_to_save`); ``True``
+        where snapshots are not replicated. ``train.steps`` asks every rank at each step's
+        start, in the all-reduce it makes anyway, and tells :meth:`agree`."""
+        if os.environ.get(env.REPLICA_PINS) != "1" or self.config.memory_every_steps == 0:
+            return True
+        snapshots = self._snapshots(_rank_world()[0])
+        return snapshots is None or snapshots.ready_to_save()
+
+    def agree(self, step: int, *, ready: bool) -> None:
+        """Every rank's :meth:`replicas_ready` at ``step``'s start, agreed: where not every
+        rank is ready, the memory-only save of ``step`` is skipped on every rank (the
+        snapshots go at the pace of their replication, the steps at their own). Without
+        an agreement for a step (a loop other than ``train.steps``) a save waits for the
+        replicas instead."""
+        self._agreed = (int(step), bool(ready))
 
     def memory_steps(self) -> list[int]:
         """Steps of this rank's complete snapshots in shared memory (empty without memory)."""
@@ -412,11 +417,12 @@ class Checkpointer:
         both of the rank's slots still wait for their persist (the storage writes slower
         than steps ask for it), a save asking for persistence waits for a free slot
         (backpressure, logged as ``checkpoint_backpressure``) and a memory-only save is
-        skipped (returns False). Where snapshots are replicated (``Checkpoint.replicas``), the
-        ranks agree before a memory-only save (one all-reduce) and skip it together while a
-        buddy node does not hold a rank's newest snapshot yet: the snapshots go at the pace of
-        their replication, the steps at their own. Without memory, blocks until this rank's
-        shard is durable in storage. Every rank must save the same steps.
+        skipped (returns False). Where snapshots are replicated (``Checkpoint.replicas``), a
+        save waits until the buddy node holds the rank's newest snapshot, except in
+        ``train.steps``: its ranks agree at each step's start (:meth:`agree`) and skip a
+        memory-only save together while a buddy lags, so the snapshots go at the pace of
+        their replication and the steps at their own. Without memory, blocks until this
+        rank's shard is durable in storage. Every rank must save the same steps.
 
         Raises:
             CheckpointError: ``state`` holds an unsupported type; storage failed (disk-only);
@@ -436,11 +442,9 @@ class Checkpointer:
         t0 = time.monotonic()
         rank, world_size = _rank_world()
         self._saved_state = state
-        if not persist and world_size > 1:
-            snapshots = self._snapshots(rank)
-            if snapshots is not None and snapshots.replicated and not _every_rank(snapshots.ready_to_save()):
-                _replicas_behind(step)
-                return False  # every rank skips this snapshot: the replicas have not caught up
+        if not persist and self._agreed == (step, False):
+            _replicas_behind(step)
+            return False  # every rank skips this snapshot: the replicas have not caught up
         with _gc_paused():
             layout = build_layout({"state": state, "rng": get_rng_state()}, step=step, rank=rank,
                                   world_size=world_size, plan=self._layout_plan)

@@ -360,7 +360,9 @@ class _Loop:
     def _boundary(self) -> bool:
         """Whether the generation ends at this step boundary (a replacement waits to join):
         rank 0's watcher thread has seen the grow flag in the store; one small all-reduce
-        tells everyone (the only per-step cost of the live world)."""
+        tells everyone (the only per-step cost of the live world). The same all-reduce
+        agrees whether every rank snapshots this step (where snapshots are replicated, none
+        does while a buddy lacks a rank's newest one: :meth:`Checkpointer.agree`)."""
         import torch  # heavy: torch
         import torch.distributed as dist  # heavy: torch
 
@@ -371,11 +373,15 @@ class _Loop:
             self._watch.start()
         if self.rank == 0:
             flag = int(self._watch.seen == self.grow_key)
-        if self.world_size == 1:
-            return bool(flag)
-        t = torch.tensor([flag], dtype=torch.int32)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
+        ckpt = active_checkpointer()
+        behind = int(ckpt is not None and not ckpt.replicas_ready())  # (a snapshot its buddy lacks)
+        if self.world_size > 1:
+            t = torch.tensor([flag, behind], dtype=torch.int32)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            flag, behind = t.tolist()
+        if ckpt is not None:  # every rank snapshots this step, or none does
+            ckpt.agree(self.next_step, ready=not behind)
+        return bool(flag)
 
     def _recover(self, reason: str, error: str) -> None:
         """Leave the current process group, join the next generation, catch up. ``error``:

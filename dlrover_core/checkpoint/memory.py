@@ -175,10 +175,10 @@ class MemorySnapshots:
     def ready_to_save(self) -> bool:
         """Whether a memory-only save now finds a slot without waiting: where snapshots are
         replicated, the buddy confirmed the rank's newest snapshot and a slot is neither
-        pinned nor waiting for its persist. A replicated job's ranks agree on it before each
-        memory-only save and skip the save together when one is not ready
-        (:meth:`dlrover_core.train.Checkpointer.save`): the snapshots go at the pace of
-        their replication, the training does not wait for it."""
+        pinned nor waiting for its persist. A replicated job's ranks agree on it at each
+        step's start in ``train.steps`` and skip the step's memory-only save together when
+        one is not ready (:meth:`dlrover_core.train.Checkpointer.agree`): the snapshots go
+        at the pace of their replication, the training does not wait for it."""
         headers = [slot.header() for slot in self.slots]
         if self.replicated and any(h is not None and h.pinned and h.pin == PIN_KEPT and h.rank == self.rank
                                    for h in headers):

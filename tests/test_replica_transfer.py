@@ -332,3 +332,36 @@ def test_a_puller_whose_source_went_silent_stops_at_once(job_id):
         puller.stop()
         sock.close()
         store.close()
+
+
+@pytest.mark.timeout(240)
+def test_a_lagging_buddy_makes_the_ranks_skip_snapshots_not_wait(tmp_path):
+    """Replication at 2 KB/s cannot follow 10 ms steps: in ``train.steps`` the ranks agree
+    at each step's start and skip the step's snapshot together while a buddy lacks a rank's
+    newest one, instead of every save waiting for the replicas. The job runs its 80 steps,
+    takes fewer snapshots than steps, every rank the same ones, and says so."""
+    import json
+    import re
+    from pathlib import Path
+
+    from helpers import SCRIPTS
+
+    from dlrover_core import Checkpoint, Failure, Job, JobState, Nodes
+
+    job = Job(name="lag", entrypoint=str(SCRIPTS / "live_train.py"),
+              args=["--steps", "80", "--samples", "96", "--batch", "4", "--step-sleep", "0.01",
+                    "--out", str(tmp_path / "out")],
+              nodes=Nodes(min=2, max=2), accelerator="cpu",
+              checkpoint=Checkpoint(dir=str(tmp_path / "ck"), persist_every_steps=0, replica_mb_per_s=0.002),
+              failure=Failure(stop_grace_s=2), log_dir=str(tmp_path / "runs"))
+    result = job.run(progress=False)
+    assert result.state == JobState.SUCCEEDED, result.reason
+    taken: dict[str, list[int]] = {}
+    for path in Path(result.log_dir).glob("node_*/round_*/progress_rank*.jsonl"):
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        taken[str(path)] = [r["step"] for r in records if r.get("type") == "checkpoint"]
+    assert len(taken) == 2 and len({tuple(steps) for steps in taken.values()}) == 1, taken  # the same steps
+    (steps,) = {tuple(steps) for steps in taken.values()}
+    assert 79 in steps and len(steps) < 40, steps  # the last step forced; most others skipped
+    logs = "".join(p.read_text() for p in Path(result.log_dir).glob("node_*.log"))
+    assert re.search(r"snapshots_skipped .*skipped=\d+", logs), logs[-2000:]

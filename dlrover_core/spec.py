@@ -25,7 +25,14 @@ import attrs
 import cattrs
 
 from dlrover_core.errors import JobSpecError
-from dlrover_core.parallel_rules import check_strategies, describe, first_unreplicated, normalize_mesh_dims
+from dlrover_core.parallel_rules import (
+    check_strategies,
+    describe,
+    first_unreplicated,
+    mesh_groups,
+    normalize_mesh_dims,
+    resolve_mesh_dims,
+)
 
 __all__ = ["Checkpoint", "Failure", "JobSpec", "Nodes", "Optimizer", "Parallel", "NAME_PATTERN", "MODULE_PATTERN",
            "HEARTBEAT_RATE_PER_S", "NUMA_MODES", "auto_heartbeat"]
@@ -587,6 +594,27 @@ class JobSpec:
         replicated, the survivors train on in a smaller world and a replacement catches up
         from a peer."""
         return self.parallel is not None and self.parallel.first_unreplicated() is not None
+
+    def replica_groups(self, world_size: int) -> list[list[int]]:
+        """Groups of ranks that hold the same shard of a sharded state: the groups of the
+        ``mesh`` strategy's ``replicate`` dimension (HSDP: ``fsdp`` shards over ``data`` and
+        replicates over ``replicate``), ranks laid out as the mesh lays them (first-listed
+        dimension fastest: :func:`~dlrover_core.parallel_rules.mesh_groups`). A sharded
+        world's replacement whose own memory lacks the step its peers resume after takes
+        its shard from a live member of its group. ``[]`` without such a dimension, or for
+        a world size the mesh does not fit (the workers then fail on the mesh themselves).
+        Pure: ``world_size`` ranks, no plugin loaded."""
+        if self.parallel is None:
+            return []
+        for name, options in self.parallel.strategies:
+            if name != "mesh" or not isinstance(options, Mapping):
+                continue
+            try:
+                dims = resolve_mesh_dims(options.get("dims") or (), world_size)
+            except JobSpecError:
+                return []
+            return [g for g in mesh_groups(dims).get("replicate", []) if len(g) > 1]
+        return []
 
     # ----- serialization ---------------------------------------------------------------
 

@@ -56,6 +56,51 @@ def test_the_resume_step_is_the_newest_step_every_member_can_restore(asked, step
     assert why in reason and (why == "") == (reason == "")
 
 
+# HSDP: (0, 0) and (1, 0) hold one shard, (0, 1) and (1, 1) the other
+PEERS = {(0, 0): [(1, 0)], (1, 0): [(0, 0)], (0, 1): [(1, 1)], (1, 1): [(0, 1)]}
+
+
+@pytest.mark.parametrize(("asked", "step", "why"), [
+    # the replacement's snapshot lags (every 5 steps): its live replica peer hands it step 23, no rollback
+    ({(0, 0): (True, 23, (20,)), (1, 0): (True, 23, (20,)), (0, 1): (True, 23, (20,)), (1, 1): (False, -1, (20,))},
+     23, ""),
+    # a lost node's replacements hold nothing: each shard's other replica gives it
+    ({(0, 0): (True, 23, (23,)), (0, 1): (True, 23, (23,)), (1, 0): (False, -1, ()), (1, 1): (False, -1, ())},
+     23, ""),
+    # both replicas of a shard died: its replacements have only their own (older) snapshot
+    ({(0, 0): (True, 23, (20, 23)), (1, 0): (True, 23, (20, 23)), (0, 1): (False, -1, (20,)),
+      (1, 1): (False, -1, (20,))}, 20, ""),
+    # ... and nothing at all: restart
+    ({(0, 0): (True, 23, (23,)), (1, 0): (True, 23, (23,)), (0, 1): (False, -1, ()), (1, 1): (False, -1, ())},
+     None, "have no snapshot in memory"),
+    # a peer that is itself a replacement gives nothing (not even the step in its own memory)
+    ({(0, 0): (False, -1, (20,)), (1, 0): (False, -1, (20, 23)), (0, 1): (True, 23, (20, 23)),
+      (1, 1): (True, 23, (20, 23))}, 20, ""),
+])
+def test_a_replacement_may_resume_after_any_step_its_live_replica_peer_holds(asked, step, why):
+    messages = {slot: ask(slot, "error" if replica else "join", step=applied, memory=memory, replica=replica)
+                for slot, (replica, applied, memory) in asked.items()}
+    got, reason = resume_step(messages, PEERS)
+    assert got == step
+    assert why in reason and (why == "") == (reason == "")
+    if step is not None and step > 20:  # without the peers: a rollback, or no step at all
+        assert (resume_step(messages)[0] or -1) < step
+
+
+def test_an_hsdp_world_forms_at_the_survivors_step_when_the_replacements_snapshot_lags():
+    clock = Clock()
+    members = [(0, 0), (0, 1), (1, 0), (1, 1)]
+    w = LiveWorld(round_index=0, members=members, store_host="h", store_port=1, set_key=lambda key: None,
+                  clock=clock, straggler_timeout_s=30.0, sharded=True, replica_groups=[[0, 2], [1, 3]])
+    for slot in members:
+        w.reform(ask(slot, "ready", generation=0))
+    w.worker_died((1, 1), pid=111)
+    for slot in members[:3]:
+        w.reform(ask(slot, "error", step=23, memory=(20,)))
+    joined = w.reform(ask((1, 1), "join", pid=555, generation=-1, replica=False, memory=(20,)))
+    assert (joined.state, joined.rank, joined.resume_step) == ("ready", 3, 23)
+
+
 def test_a_sharded_world_waits_for_the_replacement_and_keeps_every_rank():
     clock = Clock()
     w = world(clock)
@@ -162,3 +207,44 @@ def test_a_worker_that_cannot_be_reformed_says_why_and_the_world_closes():
     answer = w.reform(LiveReform(node_id=0, local_rank=0, pid=100, round=0, generation=0, reason="ready", error=why))
     assert answer.state == "restart" and answer.reason == why
     assert w.can_go_on() == why
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_the_resume_step_with_replica_peers_is_the_newest_step_every_rank_can_get(seed):
+    """Seeded random worlds (HSDP groups of 2 or 3, random deaths, random snapshot schedules
+    and lags): the chosen step is one every member can get — a survivor from its state or
+    its own slots, a replacement from its node's snapshots or a surviving member of its
+    group — and no newer step is; with no such step the answer says why."""
+    import random
+
+    rnd = random.Random(seed)
+    size = rnd.choice([2, 3])
+    shards = rnd.randint(1, 3)
+    world = size * shards
+    slots = [(r // 2, r % 2) for r in range(world)]
+    groups = [[s + shards * i for i in range(size)] for s in range(shards)]  # shard index fastest
+    peers = {slots[r]: [slots[p] for p in g if p != r] for g in groups for r in g}
+    applied = rnd.randint(3, 12)
+    every = rnd.choice([1, 1, 2, 5])
+    asked, can_get = {}, {}
+    for slot in slots:
+        kept = [s for s in range(applied + 1) if s % every == 0][-2:]
+        if rnd.random() < 0.4:  # died: its node kept some of its snapshots (lagging), or none
+            held = tuple(s for s in kept if rnd.random() < 0.6 and s <= applied - rnd.randint(0, 2))
+            asked[slot] = ask(slot, "join", generation=-1, replica=False, memory=held)
+        else:
+            mine = applied - rnd.randint(0, 1)  # a survivor may not have applied the last step
+            asked[slot] = ask(slot, "error", step=mine, memory=tuple(s for s in kept if s <= mine))
+    for slot, m in asked.items():
+        own = set(m.memory_steps) | ({m.step} if m.replica else set())
+        if not m.replica:
+            for p in peers[slot]:
+                if asked[p].replica:
+                    own |= set(asked[p].memory_steps) | {asked[p].step}
+        can_get[slot] = own
+    got, why = resume_step(asked, peers)
+    everyone = set.intersection(*can_get.values())
+    if everyone:
+        assert got == max(everyone) and why == ""
+    else:
+        assert got is None and why

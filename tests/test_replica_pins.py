@@ -361,3 +361,42 @@ def test_a_replicated_rank_is_ready_to_save_once_its_newest_snapshot_is_confirme
     finally:
         mem.close()
         plain.close()
+
+
+def test_a_kept_peer_state_takes_a_free_slot_now_without_a_pin_and_never_holds_the_replicas_back(job_id):
+    """A sharded world's replacement keeps the state its replica peer sent it as an
+    *unpinned* snapshot: taken at once into a free slot even while the rank's newest
+    snapshot waits for the buddy (no wait, no gate), published without a pin (the buddy may
+    never replicate that step, when the node's other ranks lack it), so what the scheduled
+    saves wait for is unchanged; it never takes a pinned slot, and with none free it is
+    skipped at once, not waited for."""
+    import time
+
+    import torch
+
+    from dlrover_core.checkpoint.layout import build_layout
+    from dlrover_core.checkpoint.memory import MemorySnapshots
+    from dlrover_core.checkpoint.shm import PIN_KEPT
+
+    def keep(step: int) -> bool:
+        layout = build_layout({"w": torch.full((1000,), float(step)), "step": step}, step=step, rank=0, world_size=2)
+        return mem.save(layout, step=step, world_size=2, persist=False, unpinned=True)
+
+    mem = MemorySnapshots(job_id=job_id, node_id=0, rank=0, wait_timeout_s=30.0, replicated=True)
+    try:
+        assert _save(mem, 0)  # pinned, not yet confirmed: the next scheduled save would wait
+        assert not mem.ready_to_save()
+        t0 = time.monotonic()
+        assert keep(12) and keep(13)
+        assert time.monotonic() - t0 < 5.0, "an unpinned snapshot waited for the replicas"
+        assert _pins(mem) == {0: PIN_KEPT, 12: 0, 13: 0}
+        assert not mem.ready_to_save(), "the kept state changed what the scheduled saves wait for"
+        assert keep(14) and _pins(mem) == {0: PIN_KEPT, 13: 0, 14: 0}  # the oldest unpinned one goes
+        for slot in mem.slots:  # every slot pinned: nothing to take
+            with slot.shared():
+                slot.set_pin(PIN_KEPT)
+        t0 = time.monotonic()
+        assert not keep(15) and time.monotonic() - t0 < 5.0
+        assert mem.held_steps(2) == [0, 13, 14]
+    finally:
+        mem.close()

@@ -22,12 +22,14 @@ pytestmark = pytest.mark.slow
 
 
 def sharded_job(tmp: Path, name: str, *, steps: int = 40, sleep_s: float = 0.05, nodes: int = 1,
-                extra: tuple[str, ...] = (), parallel: tuple = ("fsdp",), ranks: int = 2) -> Job:
+                extra: tuple[str, ...] = (), parallel: tuple = ("fsdp",), ranks: int = 2, memory_every_steps: int = 1,
+                replicas: int | None = None) -> Job:
     return Job(
         name=name, entrypoint=str(SCRIPTS / "sharded_live_train.py"),
         args=["--steps", str(steps), "--step-sleep", str(sleep_s), "--out", str(tmp / name), *extra],
         nodes=Nodes(min=nodes, max=nodes, nproc_per_node=ranks // nodes), accelerator="cpu", parallel=Parallel(list(parallel)),
-        checkpoint=Checkpoint(dir=str(tmp / name / "ck"), persist_every_steps=0),
+        checkpoint=Checkpoint(dir=str(tmp / name / "ck"), persist_every_steps=0, memory_every_steps=memory_every_steps,
+                              replicas=replicas),
         failure=Failure(max_restarts=3, stop_grace_s=2, heartbeat_timeout_s=3.0),
         log_dir=str(tmp / "runs"),
     )
@@ -196,7 +198,8 @@ def test_a_killed_hsdp_worker_is_replaced_live_and_the_result_is_bit_identical(t
     """A mesh job (data x replicate: HSDP, 4 ranks on 2 nodes; rank 3 shares its shard with
     rank 1 and its replica group with rank 2): rank 3 is SIGKILLed. The other three keep
     their processes, the mesh's sub-groups reconnect in place, the replacement loads its
-    shard from its node's memory, and the job ends bit-identical to a run without the kill."""
+    shard from its node's memory (or from rank 1), and the job ends bit-identical to a run
+    without the kill."""
     run = sharded_job(tmp_path, "killed", steps=30, nodes=2, ranks=4, parallel=HSDP).submit()
     wait_for(lambda: run.status().step >= 8, 120, "step 8")
     pids = wait_for(lambda: run.status().worker_pids if len(run.status().worker_pids) == 4 else None, 30, "4 ranks")
@@ -212,12 +215,106 @@ def test_a_killed_hsdp_worker_is_replaced_live_and_the_result_is_bit_identical(t
     assert survivors <= set(finals) and all(finals[p]["start"] == 0 for p in survivors), "a survivor restarted"
     (replacement,) = set(finals) - survivors
     assert finals[replacement]["rank"] == 3 and finals[replacement]["start"] >= 1
-    assert restored_from(result) == [("memory", finals[replacement]["start"] - 1)]
+    # its node's snapshot of the survivors' step; or, killed between its update and its
+    # snapshot, the same step from rank 1, which holds the same shard
+    assert restored_from(result) in ([("memory", finals[replacement]["start"] - 1)],
+                                     [("peer", finals[replacement]["start"] - 1)])
     assert storage_bytes_read(result) == 0
     clean = sharded_job(tmp_path, "clean", steps=30, sleep_s=0.0, nodes=2, ranks=4, parallel=HSDP).run(progress=False)
     assert clean.state == JobState.SUCCEEDED, clean.reason
     shards = {(r["rank"], r["step"]): r["shard"] for rows in steps_by_pid(tmp_path / "clean").values() for r in rows}
     assert shards[0, 5] == shards[2, 5] != shards[1, 5] == shards[3, 5], "HSDP: ranks 0 and 2 hold one shard"
+    assert json.loads((out / "final.json").read_text()) == json.loads((tmp_path / "clean" / "final.json").read_text())
+    assert job_processes(result.job_id) == []
+
+
+def applied_steps(out: Path) -> dict[int, list[int]]:
+    """Per rank, every step its processes logged as applied, in time order."""
+    rows = sorted((r for rows in steps_by_pid(out).values() for r in rows), key=lambda r: r["t"])
+    by_rank: dict[int, list[int]] = {}
+    for r in rows:
+        by_rank.setdefault(r["rank"], []).append(r["step"])
+    return by_rank
+
+
+@pytest.mark.timeout(300)
+def test_an_hsdp_replacement_whose_snapshot_lags_takes_its_shard_from_its_replica_peer_with_no_rollback(tmp_path):
+    """HSDP (data x replicate, 4 ranks on 2 nodes) snapshotting rarely (step 0 only in this
+    run): rank 3 is SIGKILLed at step 8 or later. Its node's memory holds only step 0, which
+    would send every survivor back to step 0; instead rank 1, which holds the same shard,
+    sends the replacement its state of the survivors' step. No survivor goes back or
+    restarts, no step is trained twice, nothing is read from storage, and the job ends
+    bit-identical to a run without the kill."""
+    run = sharded_job(tmp_path, "lag", steps=30, nodes=2, ranks=4, parallel=HSDP, memory_every_steps=100).submit()
+    wait_for(lambda: run.status().step >= 8, 120, "step 8")
+    pids = wait_for(lambda: run.status().worker_pids if len(run.status().worker_pids) == 4 else None, 30, "4 ranks")
+    survivors = {pids[r] for r in range(3)}
+    os.kill(pids[3], signal.SIGKILL)
+    result = run.wait(progress=False, timeout_s=200)
+    assert result.state == JobState.SUCCEEDED, result.reason
+    (failure,) = result.failures
+    assert failure.recovery == "live", failure
+    out = tmp_path / "lag"
+    finals = {json.loads(p.read_text())["pid"]: json.loads(p.read_text()) for p in out.glob("final_*.json")}
+    assert survivors <= set(finals) and all(finals[p]["start"] == 0 for p in survivors), "a survivor restarted"
+    (replacement,) = set(finals) - survivors
+    resumed_after = finals[replacement]["start"] - 1
+    assert resumed_after >= 8
+    assert restored_from(result) == [("peer", resumed_after)], "the replacement's shard came from its replica peer"
+    assert storage_bytes_read(result) == 0
+    # every step applied once: the survivors trained each step once, none twice; the killed
+    # rank's process got no further than the survivors' step, and its replacement went on from it
+    applied = applied_steps(out)
+    for rank in range(3):
+        assert applied[rank] == list(range(30)), f"rank {rank} applied {applied[rank]}"
+    rows = steps_by_pid(out)
+    killed = [r["step"] for r in rows[pids[3]]]
+    assert killed == list(range(len(killed))) and len(killed) <= resumed_after + 1, killed
+    assert [r["step"] for r in rows[replacement]] == list(range(resumed_after + 1, 30))
+    logs = "".join(p.read_text() for p in Path(result.log_dir).glob("node_*.log"))
+    assert "live_state_sent" in logs and "checkpoint_went_back" not in logs
+    # it keeps what it received as its snapshot of that step, as if restored from memory (its
+    # node's replicas are of a step every rank of the node holds)
+    assert f"checkpoint_peer_state_kept rank=3 step={resumed_after}" in logs
+    clean = sharded_job(tmp_path, "clean", steps=30, sleep_s=0.0, nodes=2, ranks=4, parallel=HSDP,
+                        memory_every_steps=100).run(progress=False)
+    assert clean.state == JobState.SUCCEEDED, clean.reason
+    assert json.loads((out / "final.json").read_text()) == json.loads((tmp_path / "clean" / "final.json").read_text())
+    assert job_processes(result.job_id) == []
+
+
+@pytest.mark.timeout(300)
+def test_a_lost_node_of_an_hsdp_job_without_replicas_rejoins_live_from_the_other_replica_group(tmp_path):
+    """HSDP, 4 ranks on 2 nodes, ``Checkpoint(replicas=0)``: node 1 (ranks 2 and 3, one
+    replica of each shard) dies as a machine does. No snapshot of its ranks survives
+    anywhere, yet ranks 0 and 1 hold the same shards: they keep their processes and each
+    sends its shard to the relaunched node's worker of its replica group. Nothing is read
+    from storage, no step is trained twice, the result is bit-identical to a run without
+    the failure."""
+    run = sharded_job(tmp_path, "lost", steps=30, nodes=2, ranks=4, parallel=HSDP, replicas=0).submit()
+    wait_for(lambda: run.status().step >= 8, 120, "step 8")
+    pids = wait_for(lambda: run.status().worker_pids if len(run.status().worker_pids) == 4 else None, 30, "4 ranks")
+    survivors = {pids[0], pids[1]}
+    kill_node(run, 1)
+    result = run.wait(progress=False, timeout_s=200)
+    assert result.state == JobState.SUCCEEDED, result.reason
+    assert result.failures and all(f.recovery == "live" for f in result.failures), [
+        (f.recovery, f.action) for f in result.failures]
+    out = tmp_path / "lost"
+    finals = {json.loads(p.read_text())["pid"]: json.loads(p.read_text()) for p in out.glob("final_*.json")}
+    assert survivors <= set(finals) and all(finals[p]["start"] == 0 for p in survivors), "a survivor restarted"
+    new = {finals[p]["rank"]: finals[p]["start"] - 1 for p in set(finals) - survivors}
+    assert set(new) == {2, 3} and len(set(new.values())) == 1, new
+    (resumed_after,) = set(new.values())
+    assert sorted(restored_from(result)) == [("peer", resumed_after)] * 2
+    assert storage_bytes_read(result) == 0
+    logs = "".join(p.read_text() for p in Path(result.log_dir).glob("node_*.log"))
+    assert logs.count("checkpoint_peer_state_kept") == 2
+    applied = applied_steps(out)
+    assert applied[0] == applied[1] == list(range(30)), "a survivor trained a step twice"
+    clean = sharded_job(tmp_path, "clean", steps=30, sleep_s=0.0, nodes=2, ranks=4, parallel=HSDP,
+                        replicas=0).run(progress=False)
+    assert clean.state == JobState.SUCCEEDED, clean.reason
     assert json.loads((out / "final.json").read_text()) == json.loads((tmp_path / "clean" / "final.json").read_text())
     assert job_processes(result.job_id) == []
 

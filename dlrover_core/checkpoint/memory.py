@@ -185,19 +185,20 @@ class MemorySnapshots:
             return False
         return any(self._free(h) is not None for h in headers)
 
-    def _lock_free_slot(self, *, persist: bool) -> SnapshotSlot | None:
+    def _lock_free_slot(self, *, persist: bool, unpinned: bool = False) -> SnapshotSlot | None:
         """A slot locked exclusively that holds nothing waiting for a persist or pinned for
         the replicas. A save due for persistence, or one of a replicated job, waits for one
         (at most ``wait_timeout_s``): for the persister, or for the agent to release a pin;
         a replicated save is skipped (``None``) when the agent holds the pins (the buddy is
-        silent) or the wait ran out; any other save does not wait."""
+        silent) or the wait ran out; any other save does not wait. ``unpinned``: a snapshot
+        outside the replicas' schedule (see :meth:`save`): any free slot now, or ``None``."""
         t0 = time.monotonic()
-        wait = persist or self.replicated
+        wait = (persist or self.replicated) and not unpinned
         while True:
             headers = [slot.header() for slot in self.slots]
             # the buddy must hold the newest snapshot before the next one is taken (module doc)
-            unconfirmed = self.replicated and any(h is not None and h.pinned and h.pin == PIN_KEPT
-                                                  and h.rank == self.rank for h in headers)
+            unconfirmed = self.replicated and not unpinned and any(
+                h is not None and h.pinned and h.pin == PIN_KEPT and h.rank == self.rank for h in headers)
             ranked = [] if unconfirmed else sorted(
                 ((p, i) for i, h in enumerate(headers) if (p := self._free(h, persist=persist)) is not None))
             for _, i in ranked:
@@ -223,9 +224,14 @@ class MemorySnapshots:
                     "writing; see the agent's log for the storage error")
             time.sleep(_WAIT_POLL_S)
 
-    def save(self, layout: Layout, *, step: int, world_size: int, persist: bool) -> bool:
+    def save(self, layout: Layout, *, step: int, world_size: int, persist: bool, unpinned: bool = False) -> bool:
         """Copy ``layout``'s tensors into a free slot and publish it; return whether it was
-        saved (a save without ``persist`` is skipped when no slot is free).
+        saved (a save without ``persist`` is skipped when no slot is free). ``unpinned``
+        (not with ``persist``): a snapshot outside the replicas' schedule — a sharded
+        world's replacement keeping the state a replica peer sent it, of a step its node's
+        other ranks may or may not hold — published without a replica pin, so it neither
+        waits for the buddy's confirmation of the newest snapshot nor holds back the next
+        save for its own; skipped when no slot is free now.
 
         Raises:
             ShmTooSmall: /dev/shm cannot hold the slots (checked before allocating).
@@ -237,7 +243,7 @@ class MemorySnapshots:
         needed = _align(data_off + layout.data_len, 2**20)
         self._check_capacity(needed)
         self.waited_s, self.waited_for = 0.0, ""
-        slot = self._lock_free_slot(persist=persist)
+        slot = self._lock_free_slot(persist=persist, unpinned=unpinned)
         if slot is None:
             return False
         index = self.slots.index(slot)
@@ -250,7 +256,8 @@ class MemorySnapshots:
             slot.mm[HEADER_SIZE : HEADER_SIZE + len(meta)] = meta
             layout.copy_into(slot.mm, data_off, self._targets_for(index, layout, data_off))
             self._seq += 1
-            slot.publish(flags=(FLAG_PERSIST if persist else 0) | (FLAG_PINNED if self.replicated else 0), step=step, seq=self._seq, world_size=world_size,
+            pin = FLAG_PINNED if self.replicated and not unpinned else 0
+            slot.publish(flags=(FLAG_PERSIST if persist else 0) | pin, step=step, seq=self._seq, world_size=world_size,
                          rank=self.rank, layout_len=len(meta), data_off=data_off, data_len=layout.data_len,
                          round_index=self.round)
         finally:

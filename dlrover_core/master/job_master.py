@@ -171,7 +171,8 @@ class JobMaster:
         self.rounds = Rounds(self, fleet=self.fleet, store_factory=store_factory, reopen_store=reopen_store)
         self.recovery = Recovery(self, fleet=self.fleet, rounds=self.rounds)
         self.livework = LiveRecovery(why_not=job.live_blocker, store_host=store_host, clock=clock,
-                                     event=self.event, straggler_timeout_s=_LIVE_STRAGGLER_S, sharded=job.live_sharded)
+                                     event=self.event, straggler_timeout_s=_LIVE_STRAGGLER_S, sharded=job.live_sharded,
+                                     replica_groups=job.replica_groups)
         self.started = clock()
         self.ended: float | None = None
         self.checkpoints = (CheckpointCoordinator(storage, keep_last=job.checkpoint.keep_last,

@@ -71,6 +71,9 @@ class LiveWorld:
         sharded: the training state is sharded (``JobSpec.live_sharded``): the world keeps
             its size and forms again only whole, at a common resume step
             (:meth:`_try_form_whole`).
+        replica_groups: a sharded world's groups of ranks that hold the same shard
+            (``JobSpec.replica_groups``: HSDP's replicate dimension); a replacement may
+            resume after any step a live member of its group can give it.
     """
 
     def __init__(
@@ -84,9 +87,11 @@ class LiveWorld:
         clock: Callable[[], float],
         straggler_timeout_s: float,
         sharded: bool = False,
+        replica_groups: Sequence[Sequence[int]] = (),
     ) -> None:
         self.round = round_index
         self.sharded = sharded
+        self.replica_groups = [list(g) for g in replica_groups]
         self.generation = 0
         self.members: list[Slot] = list(members)
         self.store_host, self.store_port = store_host, store_port
@@ -263,7 +268,9 @@ class LiveWorld:
             return
         if missing or not any(m.replica for m in self.arrived.values()):
             return
-        step, why = resume_step(self.arrived)
+        peers = {self.members[r]: [self.members[p] for p in group if p != r]
+                 for group in self.replica_groups for r in group if r < len(self.members)}
+        step, why = resume_step(self.arrived, peers)
         if step is None:
             self.close(why)
             log.warning("live_resume_impossible", round=self.round, generation=self.generation, reason=why)
@@ -322,23 +329,33 @@ class LiveWorld:
                  reason=reason, wait_s=round(now - opened, 4))
 
 
-def resume_step(asked: dict[Slot, LiveReform]) -> tuple[int | None, str]:
+def resume_step(asked: dict[Slot, LiveReform],
+                peers: dict[Slot, list[Slot]] | None = None) -> tuple[int | None, str]:
     """The newest step every member of a sharded world can resume after, and ``""``; or
     ``None`` and why there is none.
 
     A member holding the training state can resume after the step it applied (its state is
     there) or after any step of its memory snapshots (it goes back in place: its two slots
-    hold its last two snapshots); a replacement only after a step of its node's snapshots
-    of its rank. Resuming at the newest such step recomputes the fewest steps (none when
-    every rank's snapshot is as new as the survivors' state)."""
-    options: dict[Slot, set[int]] = {}
+    hold its last two snapshots); a replacement after a step of its node's snapshots of its
+    rank, or, where ``peers`` names the members that hold its shard too (HSDP's replicate
+    group), after any step such a member holding the training state can resume after: that
+    member hands it the state (``train.peer``). Resuming at the newest such step recomputes
+    the fewest steps (none when every rank's snapshot is as new as the survivors' state, or
+    every replacement has a live replica peer)."""
+    own: dict[Slot, set[int]] = {}
     for slot, m in asked.items():
         steps = set(m.memory_steps)
         if m.replica and m.step >= 0:
             steps.add(m.step)
         if m.replica and m.step < 0 and not steps:
             steps.add(-1)  # nothing trained yet: a fresh start is a state too
-        options[slot] = steps
+        own[slot] = steps
+    options = {slot: set(steps) for slot, steps in own.items()}
+    for slot, m in asked.items():
+        if not m.replica:
+            for peer in (peers or {}).get(slot, ()):
+                if peer in asked and asked[peer].replica:
+                    options[slot] |= own[peer]
     common = set.intersection(*options.values()) if options else set()
     if common:
         return max(common), ""
@@ -361,12 +378,16 @@ class LiveRecovery:
         clock: the master's clock (seconds).
         event: the master's event sink (``kind, **data``: logged and kept in events.jsonl).
         straggler_timeout_s, sharded: see :class:`LiveWorld`.
+        replica_groups: a world size's groups of ranks holding the same shard
+            (``JobSpec.replica_groups``; see :class:`LiveWorld`).
     """
 
     def __init__(self, *, why_not: str, store_host: str, clock: Callable[[], float],
-                 event: Callable[..., None], straggler_timeout_s: float, sharded: bool = False) -> None:
+                 event: Callable[..., None], straggler_timeout_s: float, sharded: bool = False,
+                 replica_groups: Callable[[int], list[list[int]]] = lambda _world_size: []) -> None:
         self.why_not = why_not
         self.sharded = sharded
+        self._replica_groups = replica_groups
         self.world: LiveWorld | None = None
         self._store_host = store_host
         self._clock = clock
@@ -395,7 +416,8 @@ class LiveRecovery:
             return
         self.world = LiveWorld(round_index=round_index, members=list(members), store_host=self._store_host,
                                store_port=port, set_key=lambda key: store.set(key, "1"), clock=self._clock,
-                               straggler_timeout_s=self._straggler_timeout_s, sharded=self.sharded)
+                               straggler_timeout_s=self._straggler_timeout_s, sharded=self.sharded,
+                               replica_groups=self._replica_groups(len(members)) if self.sharded else ())
 
     def close(self, why: str) -> None:
         """Every worker restarts: the live world answers ``restart`` from now on."""

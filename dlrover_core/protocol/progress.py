@@ -185,7 +185,9 @@ class RestoreRecord:
 
     Attributes:
         step: the step restored.
-        source: ``"memory"`` (a snapshot in shared memory) or ``"storage"``.
+        source: ``"memory"`` (a snapshot in shared memory), ``"storage"``, or ``"peer"``
+            (a sharded world's replacement got the state from a live member of its
+            replica group: ``train.peer``).
         load_s: seconds the restore took.
         rank: the global rank that restored (``None``: the file's worker's rank; writers leave it out).
     """

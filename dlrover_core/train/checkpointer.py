@@ -64,6 +64,7 @@ from dlrover_core.checkpoint.layout import (
     LayoutPlan,
     build_layout,
     data_crc32,
+    encode,
     parse_header,
     tensor_views,
 )
@@ -91,6 +92,7 @@ from dlrover_core.protocol.messages import (
 from dlrover_core.protocol.progress import CheckpointRecord, RestoreRecord
 from dlrover_core.spec import Checkpoint
 from dlrover_core.storage.base import CheckpointStorage
+from dlrover_core.train import peer
 from dlrover_core.train.context import current_job, is_joiner, is_live, worker_info
 from dlrover_core.train.progress import get_writer
 from dlrover_core.train.reform import joined
@@ -111,7 +113,8 @@ class Restored:
         step: the step it was saved at; resume training at ``step + 1``.
         state: the saved state; tensors are CPU tensors owned by the caller (or, for targets
             given to ``load``, the targets' own state).
-        source: ``"memory"`` or ``"storage"``.
+        source: ``"memory"``, ``"storage"``, or ``"peer"`` (a sharded world's replacement
+            got its shard from a live member of its replica group: ``train.peer``).
         load_s: seconds the load took.
     """
 
@@ -402,6 +405,22 @@ class Checkpointer:
         log.info("checkpoint_went_back", rank=rank, step=step, rng_only=rng_only,
                  load_s=round(time.monotonic() - t0, 4))
 
+    def encode_state(self, step: int) -> bytes:
+        """The state the last :meth:`save` saved (or :meth:`load` filled), as it is now, with
+        this process's RNG states: one dlrover state file (the bytes a memory snapshot of
+        ``step`` holds). A sharded world's member sends it to a replacement of its replica
+        group (:mod:`~dlrover_core.train.peer`).
+
+        Raises:
+            CheckpointError: this Checkpointer neither saved nor loaded a state.
+        """
+        if self._saved_state is None:
+            raise CheckpointError("cannot send the state to a replica peer: this Checkpointer neither saved nor "
+                                  "loaded a state")
+        rank, world_size = _rank_world()
+        return encode({"state": self._saved_state, "rng": get_rng_state()}, step=step, rank=rank,
+                      world_size=world_size)
+
     # ----- save ------------------------------------------------------------------------
 
     def persist_due(self, step: int) -> bool:
@@ -585,7 +604,10 @@ class Checkpointer:
         states are resharded when the world size changed), and tensors are copied in place.
         Every rank must call it (it agrees with the others through the master). A storage
         step whose shard fails its header or CRC check on any rank is skipped by every rank
-        for the previous intact committed step (logged as ``checkpoint_fallback``).
+        for the previous intact committed step (logged as ``checkpoint_fallback``). A sharded
+        job's replacement loads its shard of the step its peers resume after from its node's
+        memory, or, where its node lacks it, receives it from a live member of its replica
+        group (HSDP; ``source="peer"``).
 
         Raises:
             CheckpointError: no committed step is intact, or the checkpoint lacks a key of
@@ -613,7 +635,17 @@ class Checkpointer:
             return None
         if state is not None:
             self._saved_state = state  # (go_back's targets until a save names them)
-        if source == "memory":
+        if source == "memory" and sharded_join is not None and step not in self.memory_steps():
+            # this rank's node lacks the step: a live member of its replica group (HSDP) sends it
+            job = current_job()
+            data = peer.agree(step, rank=rank, world_size=world_size, generation=sharded_join.generation,
+                              needs_state=True, groups=job.replica_groups(world_size) if job is not None else [],
+                              encode_state=None)
+            entries, metadata, start = parse_header(data)
+            restored = restore_tree(json.loads(metadata[TREE_KEY]), tensor_views(data, start, entries), state,
+                                    copy=True)
+            source = "peer"
+        elif source == "memory":
             assert self._memory is not None
             with self._memory.read(step, world_size, plan.snapshot_round) as (views, metadata):
                 restored = restore_tree(json.loads(metadata[TREE_KEY]), views, state, copy=True)
@@ -625,6 +657,8 @@ class Checkpointer:
         rng = restored.get("rng")
         if rng is not None:
             set_rng_state(rng)
+        if source == "peer" and state is not None:
+            self._keep_received(step, rank, world_size, state)
         load_s = time.monotonic() - t0
         self.restored_step = step
         writer = get_writer()
@@ -633,6 +667,30 @@ class Checkpointer:
         log.info("checkpoint_restored", rank=rank, step=step, source=source, load_s=round(load_s, 4),
                  storage_bytes=self.storage_bytes_read - read_before)
         return Restored(step=step, state=restored["state"], source=source, load_s=load_s)
+
+    def _keep_received(self, step: int, rank: int, world_size: int, state: dict[str, Any]) -> None:
+        """Snapshot the state a replica peer sent as this rank's memory snapshot of ``step``,
+        as a replacement restored from memory holds it: every rank of the node then holds
+        the step its peers resume after where they hold it, which the node's replicas are
+        taken of (a buddy replicates the newest step every rank of a node holds; a rank
+        without it would keep the others' newest snapshots unconfirmed, and their saves
+        skipped, for good), and a second failure finds it here. Unpinned, and only into a
+        slot free now: where the node's other ranks lack the step it must not wait for a
+        replica of it (:meth:`MemorySnapshots.save`)."""
+        snapshots = self._snapshots(rank)
+        if snapshots is None:
+            return
+        layout = build_layout({"state": state, "rng": get_rng_state()}, step=step, rank=rank, world_size=world_size)
+        try:
+            kept = snapshots.save(layout, step=step, world_size=world_size, persist=False, unpinned=True)
+        except ShmTooSmall as exc:
+            self._disable_memory(str(exc))
+            return
+        if kept:
+            log.info("checkpoint_peer_state_kept", rank=rank, step=step, waited_s=round(snapshots.waited_s, 4))
+        else:
+            log.warning("checkpoint_peer_state_not_kept", rank=rank, step=step, waited_for=snapshots.waited_for,
+                        reason="no snapshot slot was free: this rank holds no snapshot of the step it resumed after")
 
     def _read_storage(self, path: str) -> bytes:
         data = self.storage.read(path)

@@ -49,14 +49,16 @@ from typing import Any
 import attrs
 
 from dlrover_core import env
+from dlrover_core.checkpoint.layout import encode
 from dlrover_core.checkpoint.memory import release_prefaulted
+from dlrover_core.checkpoint.rng import get_rng_state
 from dlrover_core.errors import DLRoverError
 from dlrover_core.logging import get_logger
 from dlrover_core.parallel.ddp import replicated_modules
 from dlrover_core.protocol.client import MasterClient
 from dlrover_core.protocol.messages import LiveAssignment, LiveReform
 from dlrover_core.protocol.progress import DoneRecord, LiveReadyRecord, LiveRecord
-from dlrover_core.train import process_group, reconfigurable
+from dlrover_core.train import peer, process_group, reconfigurable
 from dlrover_core.train.checkpointer import active_checkpointer
 from dlrover_core.train.context import current_job, is_joiner, is_live, worker_info
 from dlrover_core.train.progress import get_writer
@@ -199,9 +201,8 @@ class _Loop:
         # its place on its node, also under --virtual-local-rank (which makes LOCAL_RANK 0)
         self._local_rank = int(os.environ.get(env.LOCAL_RANK, os.environ.get("LOCAL_RANK", "0")))
         self._round = int(os.environ.get(env.ROUND, "0"))
-        for obj in state.values():
-            if hasattr(obj, "register_step_post_hook") and hasattr(obj, "param_groups"):  # an optimizer
-                self._hooks.append(obj.register_step_post_hook(self._on_optimizer_step))
+        for optimizer in _optimizers(state):
+            self._hooks.append(optimizer.register_step_post_hook(self._on_optimizer_step))
 
     # ----- the loop --------------------------------------------------------------------
 
@@ -347,7 +348,8 @@ class _Loop:
         self.rank, self.world_size, self.generation = answer.rank, answer.world_size, answer.generation
         self.grow_key = answer.grow_key
         self.applied, self.replica = resume, True
-        self._agree()
+        if peer.agreed() != answer.generation:  # (its load took the state from a replica peer: agreed there)
+            self._agree()
         writer = get_writer()
         writer.rank, writer.generation = self.rank, self.generation
         writer.write(LiveRecord(rank=self.rank, reason="join", generation=self.generation, world_size=self.world_size,
@@ -486,14 +488,21 @@ class _Loop:
 
     def _agree(self) -> None:
         """Every member of a sharded generation (the replacement too) checks that all
-        resume after the same step: the new groups' first collective."""
-        import torch.distributed as dist  # heavy: torch
+        resume after the same step, the new groups' first collective; a member of a
+        replacement's replica group sends it the state where its node's memory lacked it
+        (:func:`~dlrover_core.train.peer.agree`)."""
+        job = current_job()
+        ckpt = active_checkpointer()
+        applied = self.applied
 
-        steps: list[Any] = [None] * self.world_size
-        dist.all_gather_object(steps, self.applied)
-        if len(set(steps)) != 1:
-            raise LiveRecoveryError(f"the members of generation {self.generation} resume after different steps: "
-                                    f"{steps}")
+        def encode_state() -> bytes:
+            if ckpt is not None:
+                return ckpt.encode_state(applied)
+            return encode({"state": self.state, "rng": get_rng_state()}, step=applied, rank=self.rank,
+                          world_size=self.world_size)
+
+        peer.agree(applied, rank=self.rank, world_size=self.world_size, generation=self.generation, needs_state=False,
+                   groups=job.replica_groups(self.world_size) if job is not None else [], encode_state=encode_state)
 
     def _sync(self) -> bool:
         """Bring every member to the newest step a replica (a worker holding the training
@@ -658,13 +667,26 @@ def _reset_fsdp(state: dict[str, Any]) -> None:
                         log.debug("fsdp_reset_work_failed", error=f"{type(exc).__name__}: {exc}")
 
 
+def _optimizers(state: dict[str, Any]) -> list[Any]:
+    """The optimizers in ``state``: its entries that are one, and the ``optimizer`` of a
+    :class:`~dlrover_core.train.state.ModelOptimizerState` entry (each once)."""
+    out: dict[int, Any] = {}
+    for obj in state.values():
+        for candidate in (obj, getattr(obj, "optimizer", None)):
+            if hasattr(candidate, "register_step_post_hook") and hasattr(candidate, "param_groups"):
+                out.setdefault(id(candidate), candidate)
+    return list(out.values())
+
+
 def _zero_grads(state: dict[str, Any]) -> None:
     """Drop gradients a discarded step left behind."""
+    for optimizer in _optimizers(state):
+        optimizer.zero_grad(set_to_none=True)
     for obj in state.values():
-        if hasattr(obj, "zero_grad") and hasattr(obj, "param_groups"):
-            obj.zero_grad(set_to_none=True)
-        elif hasattr(obj, "parameters") and callable(obj.parameters):
-            for p in obj.parameters():
+        for candidate in (obj, getattr(obj, "model", None)):
+            if isinstance(candidate, type) or not (hasattr(candidate, "parameters") and callable(candidate.parameters)):
+                continue
+            for p in candidate.parameters():
                 p.grad = None
 
 

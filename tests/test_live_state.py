@@ -74,3 +74,29 @@ def test_a_refused_state_fails_every_member_at_once_instead_of_leaving_them_wait
         for r in results:
             assert r["error"].startswith("state['probe'].state_dict()['hook'] is a builtins.function"), r
             assert r["took_s"] < 5.0, r
+
+
+def test_the_loop_follows_the_optimizer_inside_a_model_optimizer_state():
+    """Which step a worker applied (what the live world resumes after) comes from a post hook
+    on each optimizer of the state: one given directly, and the one inside a
+    ``ModelOptimizerState`` (missed before: every sharded survivor then counted as having
+    applied nothing and went back to its snapshot at each failure)."""
+    import torch
+
+    from dlrover_core.train.live import _Loop as Loop
+    from dlrover_core.train.live import _optimizers
+    from dlrover_core.train.state import ModelOptimizerState
+
+    model, other = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+    opt, opt2 = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(other.parameters(), lr=0.1)
+    state = {"train": ModelOptimizerState(model, opt), "opt2": opt2, "again": opt, "model": model}
+    assert [id(o) for o in _optimizers(state)] == [id(opt), id(opt2)]
+    loop = Loop(3, state, 0)
+    try:
+        loop._in_flight = 0
+        model(torch.ones(1, 2)).sum().backward()
+        opt.step()
+        assert loop.applied == 0
+    finally:
+        for hook in loop._hooks:
+            hook.remove()

@@ -101,7 +101,11 @@ def hurry_once_whole(tmp: Path, run, world_size: int, gone: set[int]) -> None:
     has trained a step (the replacements rejoined), let the remaining steps run without
     their sleep: nothing is left to watch but that they end well (``--pace-file`` of
     ``live_train.py``; it changes no step). Watches on a thread of its own, since the test
-    goes on to ``run.wait()``, which supervises the job as a user's would."""
+    goes on to ``run.wait()``, which supervises the job as a user's would. Until then the
+    steps go slower (0.3 s), so that a cold replacement on a slow or loaded machine joins
+    before the survivors run out of steps."""
+    (tmp / "pace").write_text("0.3")
+
     def whole() -> bool:
         pids = set(run.status().worker_pids.values())
         logs = [tmp / "out" / f"steps_{pid}.jsonl" for pid in pids]

@@ -24,6 +24,8 @@ WORKER = textwrap.dedent("""
 
     rank, port, gen, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=datetime.timedelta(seconds=30))
+    if gen == 1:  # the replacement is up (as the master forms a generation only once it asked)
+        store.set("joiner_ready", "1")
     reconfigurable.register("gloo", at_generation=gen)
     dist.init_process_group(reconfigurable.BACKEND, store=store, rank=rank, world_size=4,
                             timeout=datetime.timedelta(seconds=20))
@@ -58,6 +60,7 @@ WORKER = textwrap.dedent("""
         except Exception as exc:
             results.append({"tag": "error", "error": type(exc).__name__})
         reconfigurable.abort()
+        store.wait(["joiner_ready"], datetime.timedelta(seconds=80))
         reconfigurable.reconfigure(1)
         ddp.module.weight.grad = None
         # a fresh reducer, as the replacement's (DDP's first iterations rebuild buckets together)

@@ -271,8 +271,9 @@ def test_a_frozen_host_is_left_out_and_rejoins_live_when_it_thaws(tmp_path):
     one update; both end equal."""
     port = _free_port()
     out = tmp_path / "out"
+    pace = tmp_path / "pace"  # --pace-file: only the sleep between steps changes, never a step
     script = [str(SCRIPTS / "live_train.py"), "--steps", "150", "--samples", "96", "--batch", "4",
-              "--step-sleep", "0.1", "--out", str(out)]
+              "--step-sleep", "0.1", "--pace-file", str(pace), "--out", str(out)]
     conf = ["--rdzv-conf", "keep_alive_interval=0.5,keep_alive_max_attempt=8"]  # lost after 4 s of silence
     procs = [_launch(tmp_path, 0, port, "frozen", *conf, *script)]
     time.sleep(0.5)
@@ -304,8 +305,18 @@ def test_a_frozen_host_is_left_out_and_rejoins_live_when_it_thaws(tmp_path):
             time.sleep(0.1)
         alone_at = time.time()
         time.sleep(6)  # the survivor trains alone meanwhile
+        # until the thawed host is back in the world, slow steps: on a slow or loaded machine
+        # a replacement's cold start must not find the survivor done with every step
+        pace.write_text("0.3")
         for p in frozen:
             p.resume()
+        deadline = time.monotonic() + 120
+        while not any(e["kind"] == "live_reformed" and e["world_size"] == 2
+                      for e in _events(tmp_path, "frozen")):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                break  # the asserts below say what went wrong
+            time.sleep(0.1)
+        pace.write_text("0.01")  # nothing is left to watch but that both end well
         codes = _finish(procs, tmp_path)
     finally:
         for p in procs:

@@ -78,8 +78,10 @@ _MAX_REFORM_TRIES = 10
 _WATCH_S = 0.05
 #: A training thread still in the same step or boundary this long after its group was
 #: severed is stuck (seconds; or 3 of its last step's time when longer): see
-#: ``_GrowWatch._check_stuck``.
-_STUCK_MIN_S = 2.0
+#: ``_GrowWatch._check_stuck``. A false "stuck" costs far more than a late one: a survivor
+#: that exits leaves no one to hand the state over (every worker restarts), a late one only
+#: delays one rejoining worker; 2 s made a loaded 2-core machine's survivor exit once.
+_STUCK_MIN_S = 5.0
 #: The exit code of a worker that left a stuck collective this way (EX_TEMPFAIL, sysexits.h).
 EXIT_STUCK = 75
 

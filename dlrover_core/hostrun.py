@@ -18,6 +18,9 @@ The launcher supervises what it started:
 * the master, on its host: a master process that dies before the job ends is started
   again on the same socket and resumes from its journal.
 
+* a host that died with its launcher is awaited by the master; ``dlrover run`` started on
+  a new host stands in for it (:meth:`~dlrover_core.master.fleet.Fleet.assign`: the lost
+  node's id, its ranks and, sharded, their shards from the buddy's replicas);
 * a host cut off from the master: its agent stops its workers once no heartbeat got
   through for ``Failure.heartbeat_timeout_s`` (the master has declared the node lost by then,
   and the others went on); if the master answers again within as long, the launcher starts

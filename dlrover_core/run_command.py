@@ -171,6 +171,11 @@ def _click_error(exc: TorchrunArgumentError) -> click.UsageError:
 @click.option("--node-unit", "--node_unit", "node_unit", type=int, default=1, show_default=True,
               help="Node count of a round is a multiple of this.")
 @click.option("--run-id", "--run_id", "run_id", default=None, hidden=True)
+@click.option("--parallel", default=None, metavar="NAMES|JSON",
+              help="dlrover's own: the strategies train.prepare() applies (Job.parallel): names joined by commas "
+                   "(fsdp; ddp,amp) or Parallel's JSON list ('[[\"mesh\", [[\"data\", 2], [\"replicate\", 2]]], "
+                   "\"fsdp\"]'). A sharded strategy makes a failure recover live with each rank's own shard. "
+                   "Give the same on every host.  [default: ddp]")
 @click.option("--dryrun", is_flag=True, help="With --simulate-nodes: print the plan and exit.")
 @click.option("--progress/--no-progress", "progress", default=None,
               help="dlrover's own: the job's progress line on the job master's host. Default: live on a terminal "

@@ -13,6 +13,7 @@ interface or a free port, is a parameter with the machine's as default), without
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -28,7 +29,7 @@ from dlrover_core.errors import DLRoverError
 from dlrover_core.hostrun import HostPlan, parse_endpoint
 from dlrover_core.job import Job
 from dlrover_core.signals import DEFAULT_STOP_SIGNALS, SIGNALS_ENV, parse_signals
-from dlrover_core.spec import Checkpoint, Failure, Nodes, auto_heartbeat
+from dlrover_core.spec import Checkpoint, Failure, Nodes, Parallel, auto_heartbeat
 
 __all__ = [
     "RDZV_CONF_KEYS",
@@ -44,6 +45,7 @@ __all__ = [
     "job_name",
     "local_path",
     "nproc_per_node",
+    "parse_parallel",
     "parse_rdzv_conf",
     "stop_signals",
     "to_job",
@@ -85,7 +87,7 @@ class TorchrunArgs:
     """The arguments of ``dlrover run``: every torchrun flag (its option's name, with
     ``dlrover run``'s defaults, which are torchrun's but where docs/torchrun.md says why not),
     then dlrover's own (``simulate_nodes``, ``accelerator``, ``checkpoint_dir``, ``node_unit``,
-    ``run_id``). Values are as given on the command line (text where torchrun takes text);
+    ``run_id``, ``parallel``). Values are as given on the command line (text where torchrun takes text);
     the functions of this module check them.
     """
 
@@ -126,6 +128,7 @@ class TorchrunArgs:
     checkpoint_dir: str = "checkpoints"
     node_unit: int = 1
     run_id: str | None = None
+    parallel: str | None = None
 
 
 def check_supported(args: TorchrunArgs) -> dict[str, str]:
@@ -168,6 +171,34 @@ def parse_rdzv_conf(text: str) -> dict[str, str]:
     if unknown:
         raise TorchrunArgumentError(f"unknown keys {unknown}; known: {', '.join(RDZV_CONF_KEYS)}", "--rdzv-conf")
     return out
+
+
+def parse_parallel(text: str | None) -> Parallel:
+    """``--parallel``: the strategies ``train.prepare()`` applies (:class:`~dlrover_core.spec.Parallel`),
+    as names joined by commas (``fsdp``, ``ddp,amp``) or as the JSON list ``Parallel`` takes
+    (``[["mesh", [["data", 2], ["replicate", 2]]], "fsdp"]``: HSDP). It also tells the job
+    whether the training state is sharded, which decides how a failure recovers live
+    (docs/design.md §5a). ``None`` or empty: ``Parallel()`` (ddp).
+
+    Raises:
+        TorchrunArgumentError: malformed JSON, or a list ``Parallel`` refuses (its message
+            names the entry and the fix).
+    """
+    if not text or not text.strip():
+        return Parallel()
+    text = text.strip()
+    if text.startswith("["):
+        try:
+            strategies = json.loads(text)
+        except ValueError as exc:
+            raise TorchrunArgumentError(f"not valid JSON ({exc}); e.g. '[[\"mesh\", [[\"data\", 2], "
+                                        f"[\"replicate\", 2]]], \"fsdp\"]' or names: fsdp", "--parallel") from None
+    else:
+        strategies = [name.strip() for name in text.split(",")]
+    try:
+        return Parallel(strategies)
+    except DLRoverError as exc:
+        raise TorchrunArgumentError(str(exc), "--parallel") from None
 
 
 def job_name(text: str) -> str:
@@ -251,7 +282,8 @@ def to_job(args: TorchrunArgs, conf: Mapping[str, str], *, workdir: str | None =
     :func:`check_supported`): the entrypoint and its arguments; the nodes (``--nnodes``, or
     ``--simulate-nodes``; ``--nproc-per-node``, ``--node-unit``, ``last_call_timeout`` and
     ``join_timeout`` of ``conf`` in seconds, ``--numa-binding``, ``--virtual-local-rank``); the
-    failure policy (:func:`failure_policy`); ``ROLE_NAME`` when ``--role`` is not ``default``;
+    failure policy (:func:`failure_policy`); the strategies (``--parallel``,
+    :func:`parse_parallel`); ``ROLE_NAME`` when ``--role`` is not ``default``;
     the checkpoint and log directories made absolute (:func:`local_path`); named by
     ``--run-id``, ``--rdzv-id`` or the entrypoint (:func:`job_name`); run in ``workdir``
     (default: this directory).
@@ -259,7 +291,7 @@ def to_job(args: TorchrunArgs, conf: Mapping[str, str], *, workdir: str | None =
     Raises:
         TorchrunArgumentError: ``-m`` with a ``.py`` file; ``--simulate-nodes`` with
             ``--nnodes``, ``--rdzv-endpoint`` or ``--node-rank``; an invalid
-            ``--nproc-per-node`` or failure flag.
+            ``--nproc-per-node``, ``--parallel`` or failure flag.
         JobSpecError: a value a field of the Job refuses (``--nnodes 0``).
         ValueError: a ``--rdzv-conf`` timeout that is not a number.
     """
@@ -282,6 +314,7 @@ def to_job(args: TorchrunArgs, conf: Mapping[str, str], *, workdir: str | None =
     job_env = {} if args.role == "default" else {"ROLE_NAME": args.role}
     name = job_name(args.run_id or (args.rdzv_id if args.rdzv_id != "none" else args.entrypoint))
     return Job(name=name, entrypoint=args.entrypoint, args=list(args.args), nodes=nodes, accelerator=args.accelerator,
+               parallel=parse_parallel(args.parallel),
                checkpoint=Checkpoint(dir=local_path(args.checkpoint_dir)), failure=failure,
                log_dir=local_path(args.log_dir), env=job_env, workdir=workdir if workdir is not None else os.getcwd())
 

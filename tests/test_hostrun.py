@@ -347,3 +347,67 @@ def test_a_frozen_host_is_left_out_and_rejoins_live_when_it_thaws(tmp_path):
     finals = {json.loads(p.read_text())["params"] for p in out.glob("final_*.json")}
     assert len(finals) == 1, finals
     assert job_processes("frozen") == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_lost_host_of_a_sharded_job_comes_back_live_from_its_buddys_replica(tmp_path):
+    """``dlrover run --parallel fsdp`` on two hosts. Host 1 dies as a machine does: its
+    launcher, agent and worker SIGKILLed, its shared memory gone. The survivor on host 0
+    keeps its process; ``dlrover run`` started again on host 1 (as a scheduler would) gets
+    rank 1's shard from host 0's memory (the buddy replica), never from storage, and its
+    worker joins the running world in rank 1's place. The result is bit-identical to the
+    same job without the failure (``--simulate-nodes 2``, the same flags)."""
+    from dlrover_core.checkpoint.shm import SHM_DIR, node_prefix, remove_segments
+
+    port = _free_port()
+    out = tmp_path / "out"
+    script = [str(SCRIPTS / "sharded_live_train.py"), "--steps", "40", "--step-sleep", "0.1", "--out", str(out)]
+    flags = ["--parallel", "fsdp", "--rdzv-conf", "keep_alive_interval=0.5,keep_alive_max_attempt=6"]
+    procs = [_launch(tmp_path, 0, port, "shardhost", *flags, *script)]
+    time.sleep(0.5)
+    procs.append(_launch(tmp_path, 1, port, "shardhost", *flags, *script))
+
+    def records() -> list[dict]:
+        return [json.loads(line) for p in out.glob("steps_*.jsonl") for line in p.read_text().splitlines()]
+
+    relaunched = None
+    try:
+        wait_for(lambda: len({r["pid"] for r in records()}) == 2 and len(records()) >= 16, 120, "step 8 on both hosts",
+                 ) if all(p.poll() is None for p in procs) else None
+        first = {r["rank"]: r["pid"] for r in records()}
+        victims = _tree(procs[1].pid)
+        node = next(int(n.split("-n", 1)[1].split("-", 1)[0]) for n in os.listdir(SHM_DIR)
+                    if n.startswith("dlrover-shardhost-n") and any(f"-r{1}-s" in n for _ in [0]))
+        for p in victims:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        psutil.wait_procs(victims, timeout=10)
+        remove_segments(node_prefix("shardhost", node))
+        relaunched = _launch(tmp_path, 2, port, "shardhost", *flags, *script)
+        codes = [procs[0].wait(timeout=180), relaunched.wait(timeout=60)]
+    finally:
+        for p in [*procs, *([relaunched] if relaunched else [])]:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+    logs = {i: (tmp_path / f"host{i}.log").read_text() for i in (0, 2)}
+    assert codes == [0, 0], logs[0][-3000:] + logs[2][-3000:]
+    events = _events(tmp_path, "shardhost")
+    assert not any(e["kind"] == "workers_restarted" for e in events), [e["kind"] for e in events]
+    finals = {json.loads(p.read_text())["pid"]: json.loads(p.read_text()) for p in out.glob("final_*.json")}
+    assert first[0] in finals and finals[first[0]]["start"] == 0, "the survivor trained from step 0 to the end"
+    text = logs[0] + logs[2]  # (each host's agent and workers log to its dlrover run's output)
+    assert "replicas_fetched" in logs[2] and "node_id=1" in logs[2].split("replicas_fetched", 1)[1].split("\n", 1)[0]
+    import re
+
+    restores = re.findall(r"checkpoint_restored .*?source=(\w+) .*?storage_bytes=(\d+)", text)
+    assert restores and all(src == "memory" and int(n) == 0 for src, n in restores), restores
+    clean = subprocess.run(
+        [sys.executable, "-m", "dlrover_core.cli", "run", "--simulate-nodes", "2", "--nproc-per-node", "1",
+         "--accelerator", "cpu", "--parallel", "fsdp", "--log-dir", str(tmp_path / "clean_runs"),
+         "--checkpoint-dir", str(tmp_path / "clean_ck"), str(SCRIPTS / "sharded_live_train.py"),
+         "--steps", "40", "--step-sleep", "0", "--out", str(tmp_path / "clean")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert clean.returncode == 0, clean.stdout[-3000:] + clean.stderr[-3000:]
+    assert json.loads((out / "final.json").read_text()) == json.loads((tmp_path / "clean" / "final.json").read_text())
+    assert job_processes("shardhost") == []

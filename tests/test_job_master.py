@@ -341,6 +341,40 @@ def test_assign_node_is_idempotent_per_launcher_and_refuses_another_job(master):
     assert late.action == Action.STOP and "already ended CANCELLED" in late.reason
 
 
+def test_a_new_host_stands_in_for_a_host_lost_in_silence_and_only_for_that(workdir):
+    """``dlrover run`` on each host: when a host dies with its launcher (silence, no report),
+    ``dlrover run`` started on a new host takes the lost node's id (its ranks, its shards, its
+    replicas at the buddy), as a scheduler's relaunch would; the dead host's launcher, should
+    it come back, gets a new id. A node whose agent alone died (its launcher reported it and
+    restarts it) keeps its id for its own launcher: a new host gets a new id."""
+    (workdir / "t.py").write_text("")
+    job = Job(name="m", entrypoint="t.py", nodes=Nodes(min=2, max=3),
+              failure=Failure(max_restarts=5, heartbeat_timeout_s=30))
+    clock = Clock()
+    relaunched = []
+    m = JobMaster(job, "job-1", store_host="127.0.0.1", store_factory=lambda: (5000, None), log_dir=workdir,
+                  clock=clock, relaunch=relaunched.append)
+    ids = [m.assign_node(AssignNode(key=k)).node_id for k in ("hostA:1", "hostB:2", "hostC:3")]
+    assert ids == [0, 1, 2]
+    for n in ids:
+        m.register(Register(node_id=n, host="h", pid=100 + n))
+    # host C's agent dies, its launcher says so at once: that launcher restarts it as node 2
+    m.failure(FailureReport(node_id=2, round=-1, failures=(WorkerFailure(kind="node_lost", detail="seen by its launcher"),)))
+    assert m.nodes[2].state == "dead"
+    assert m.assign_node(AssignNode(key="hostD:4")).node_id == 3
+    # host B falls silent (the machine died, launcher and all)
+    clock.t += 31
+    for n in (0, 3):
+        m.heartbeat(Heartbeat(node_id=n, round=-1))
+    m.register(Register(node_id=3, host="h", pid=103))
+    m.tick()
+    assert m.nodes[1].state == "dead" and 1 in m.book.relaunching  # awaited: its launcher is gone too
+    assert m.assign_node(AssignNode(key="hostE:5")).node_id == 1  # stands in for node 1
+    assert m.assign_node(AssignNode(key="hostE:5")).node_id == 1
+    assert m.assign_node(AssignNode(key="hostB:2")).node_id == 4  # the old host, back: a new node
+    assert m.assign_node(AssignNode(key="hostC:3")).node_id == 2  # its launcher kept its id
+
+
 def test_a_second_agent_of_a_running_node_restarts_the_round_not_counted(master):
     """A relaunch issued twice starts two agents for one node: the later one registers after
     the earlier one ran the round. The earlier one is fenced, so the round cannot go on

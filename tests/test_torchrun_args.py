@@ -84,6 +84,11 @@ JOBS = [
     ({"checkpoint_dir": "s3://bucket/ck", "log_dir": "runs"},
      {"checkpoint.dir": "s3://bucket/ck", "log_dir": str(Path("runs").resolve())}),
     ({"start_method": "fork", "run_path": True, "tee": "3"}, {"entrypoint": "train.py"}),  # accepted, no effect
+    ({}, {"parallel.strategies": (("ddp", {}),)}),
+    ({"parallel": "fsdp"}, {"parallel.strategies": (("fsdp", {}),)}),
+    ({"parallel": " ddp, amp "}, {"parallel.strategies": (("ddp", {}), ("amp", {}))}),
+    ({"parallel": '[["mesh", [["data", 2], ["replicate", 2]]], ["fsdp", {"wrap_class": "Block"}]]'},
+     {"parallel.strategies": (("mesh", {"dims": [["data", 2], ["replicate", 2]]}), ("fsdp", {"wrap_class": "Block"}))}),
 ]
 
 
@@ -137,6 +142,10 @@ REFUSED = [
     ({"nproc_per_node": "0"}, "--nproc-per-node"),
     ({"nproc_per_node": "many"}, "--nproc-per-node"),
     ({"max_restarts": -1}, "--max-restarts"),
+    ({"parallel": "ddp,fsdp"}, "--parallel"),
+    ({"parallel": "[fsdp"}, "--parallel"),
+    ({"parallel": '[["mesh", "data"]]'}, "--parallel"),
+    ({"parallel": "fsdp,"}, "--parallel"),
 ]
 
 
@@ -154,6 +163,12 @@ def test_every_rejected_flag_says_why():
         with pytest.raises(TorchrunArgumentError, match=f"{flag} is not supported: "):
             check_supported(TorchrunArgs(entrypoint="t.py", **{dest: "x"}))
         assert why
+
+
+def test_a_sharded_parallel_flag_makes_the_job_live_sharded():
+    """``--parallel fsdp`` is what decides a sharded job's recovery (its state is not replicated)."""
+    assert _job(parallel="fsdp").parallel.first_unreplicated() == "fsdp"
+    assert _job().parallel.first_unreplicated() is None
 
 
 def test_values_a_job_field_refuses_are_job_spec_errors():

@@ -52,17 +52,35 @@ class Fleet:
         self._report_failure = report_failure
         self.last_token = 0  # the newest fencing token given to an agent
         self._assigned: dict[str, int] = {}  # launcher key -> node id handed out (AssignNode)
+        # node ids awaited that no launcher will answer: lost in silence (their host died with
+        # its launcher) or an excluded node's replacement; a new host's launcher takes one
+        self._orphans: set[int] = set()
 
     # ----- joining the job -----------------------------------------------------------------
 
     def assign(self, key: str) -> int:
-        """A host's launcher's node id: the same ``key`` always gets the same id; a new key
-        gets one past every id known (registered nodes, ids handed out)."""
+        """A host's launcher's node id (``dlrover run`` on each host: the master's relaunch of
+        a node is a launcher starting its agent again). The same ``key`` gets the same id. A
+        new key takes the lowest awaited id no launcher will answer (a node lost in silence,
+        as a dead host is, or an excluded node's replacement), so ``dlrover run`` started on a
+        new host stands in for the lost node as a scheduler's relaunch does: same node id,
+        same ranks (a sharded job's shards), its replicas fetched from the buddy. The lost
+        host's launcher, should it come back, then gets a new id. Else one past every id known.
+        """
         node_id = self._assigned.get(key)
-        if node_id is None:
-            known = max(max(self._ctx.nodes, default=-1), max(self._assigned.values(), default=-1))
-            node_id = self._assigned[key] = known + 1
-            log.info("node_assigned", node_id=node_id, key=key)
+        if node_id is not None:
+            return node_id
+        if self._orphans:
+            node_id = min(self._orphans)
+            self._orphans.discard(node_id)
+            self._assigned = {k: v for k, v in self._assigned.items() if v != node_id}
+            self._assigned[key] = node_id
+            log.info("node_assigned", node_id=node_id, key=key, stands_in_for=node_id,
+                     reason=self._ctx.book.gone_why.get(node_id, "awaited"))
+            return node_id
+        known = max(max(self._ctx.nodes, default=-1), max(self._assigned.values(), default=-1))
+        node_id = self._assigned[key] = known + 1
+        log.info("node_assigned", node_id=node_id, key=key)
         return node_id
 
     def register(self, node_id: int, *, host: str, pid: int, replica_addr: str = "") -> NodeRecord:
@@ -75,6 +93,7 @@ class Fleet:
         node.host, node.pid, node.last_heartbeat = host, pid, ctx.clock()
         node.replica_addr = replica_addr
         ctx.replicas.drop_holder(node_id)  # a new agent holds none of its predecessor's replicas
+        self._orphans.discard(node_id)  # its own launcher (or scheduler) answered
         self.last_token += 1  # (a counter: a scan of the node table per register is 10,000² at scale)
         node.token = self.last_token
         ctx.book.relaunching.pop(node_id, None)
@@ -140,6 +159,7 @@ class Fleet:
         ctx.event(EventKind.NODE_EXCLUDED, level="warning", node_id=node.node_id, reason=why)
         replacement = max(ctx.nodes) + 1
         ctx.node(replacement).state = "registered"  # expected; silent until it starts
+        self._orphans.add(replacement)  # (no launcher has it yet: a new host's may take it)
         ctx.note_node(node, point="node_excluded")
         self.relaunch(replacement, replaces=node.node_id, reason=f"node {node.node_id} excluded: {why}")
 
@@ -148,6 +168,7 @@ class Fleet:
         exit). A member of the running round: its workers' failure is reported; then the
         node is excluded (too many failures), relaunched, or the job checks it has enough."""
         ctx = self._ctx
+        silent = not why
         why = why or f"no heartbeat for {silent_s:.0f} s"
         node.state = "dead"
         ctx.replicas.drop_holder(node.node_id)  # its memory is gone with it
@@ -167,6 +188,8 @@ class Fleet:
         if self.too_many_failures(node):
             self.exclude(node, self.failures_why(node, lost=True))
         elif self._relaunch is not None:
+            if silent and node.node_id in self._assigned.values():
+                self._orphans.add(node.node_id)  # its host fell silent, launcher and all
             self.relaunch(node.node_id, replaces=node.node_id, reason=f"node {node.node_id} was lost")
         else:
             self.check_below_min()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -352,12 +353,13 @@ def test_a_frozen_host_is_left_out_and_rejoins_live_when_it_thaws(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_lost_host_of_a_sharded_job_comes_back_live_from_its_buddys_replica(tmp_path):
-    """``dlrover run --parallel fsdp`` on two hosts. Host 1 dies as a machine does: its
-    launcher, agent and worker SIGKILLed, its shared memory gone. The survivor on host 0
-    keeps its process; ``dlrover run`` started again on host 1 (as a scheduler would) gets
-    rank 1's shard from host 0's memory (the buddy replica), never from storage, and its
-    worker joins the running world in rank 1's place. The result is bit-identical to the
-    same job without the failure (``--simulate-nodes 2``, the same flags)."""
+    """``dlrover run --parallel fsdp`` on two hosts, and a third host's ``dlrover run`` (a
+    spare) that finds the job full and waits. Host 1 dies as a machine does: its launcher,
+    agent and worker SIGKILLed, its shared memory gone. The survivor on host 0 keeps its
+    process; the spare stands in for node 1: it gets rank 1's shard from host 0's memory (the
+    buddy replica), never from storage, and its worker joins the running world in rank 1's
+    place. The result is bit-identical to the same job without the failure
+    (``--simulate-nodes 2``, the same flags)."""
     from dlrover_core.checkpoint.shm import SHM_DIR, node_prefix, remove_segments
 
     port = _free_port()
@@ -376,15 +378,16 @@ def test_a_lost_host_of_a_sharded_job_comes_back_live_from_its_buddys_replica(tm
         wait_for(lambda: len({r["pid"] for r in records()}) == 2 and len(records()) >= 16, 120, "step 8 on both hosts",
                  ) if all(p.poll() is None for p in procs) else None
         first = {r["rank"]: r["pid"] for r in records()}
+        relaunched = _launch(tmp_path, 2, port, "shardhost", *flags, *script)
+        wait_for(lambda: "node_place_awaited" in (tmp_path / "host2.log").read_text(), 60, "the spare waiting")
         victims = _tree(procs[1].pid)
-        node = next(int(n.split("-n", 1)[1].split("-", 1)[0]) for n in os.listdir(SHM_DIR)
-                    if n.startswith("dlrover-shardhost-n") and any(f"-r{1}-s" in n for _ in [0]))
+        own = (re.fullmatch(r"dlrover-shardhost-n(\d+)-a\d+-r1-s\d+", n) for n in os.listdir(SHM_DIR))
+        node = next(int(m.group(1)) for m in own if m)  # rank 1's own slots (not a replica: -x<node>-)
         for p in victims:
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
         psutil.wait_procs(victims, timeout=10)
         remove_segments(node_prefix("shardhost", node))
-        relaunched = _launch(tmp_path, 2, port, "shardhost", *flags, *script)
         codes = [procs[0].wait(timeout=180), relaunched.wait(timeout=60)]
     finally:
         for p in [*procs, *([relaunched] if relaunched else [])]:
@@ -397,8 +400,8 @@ def test_a_lost_host_of_a_sharded_job_comes_back_live_from_its_buddys_replica(tm
     finals = {json.loads(p.read_text())["pid"]: json.loads(p.read_text()) for p in out.glob("final_*.json")}
     assert first[0] in finals and finals[first[0]]["start"] == 0, "the survivor trained from step 0 to the end"
     text = logs[0] + logs[2]  # (each host's agent and workers log to its dlrover run's output)
+    assert "node_place_awaited" in logs[2] and "stands_in_for=1" in (tmp_path / "runs" / "shardhost" / "master.log").read_text()
     assert "replicas_fetched" in logs[2] and "node_id=1" in logs[2].split("replicas_fetched", 1)[1].split("\n", 1)[0]
-    import re
 
     restores = re.findall(r"checkpoint_restored .*?source=(\w+) .*?storage_bytes=(\d+)", text)
     assert restores and all(src == "memory" and int(n) == 0 for src, n in restores), restores

@@ -327,11 +327,14 @@ def test_a_step_written_only_at_a_breakpoint_on_some_nodes_does_not_fail_the_job
 
 def test_assign_node_is_idempotent_per_launcher_and_refuses_another_job(master):
     """``dlrover run`` on each host asks for its node id: the same launcher key always gets
-    the same id (a retried call, a restarted agent); new keys get ids past every known node."""
+    the same id (a retried call, a restarted agent); new keys get ids past every known node
+    while the job has fewer than ``nodes.max`` (2 here); past that a host gets no id yet
+    (-1, no action: it asks again)."""
     master.register(Register(node_id=0, host="h", pid=100))  # a host given --node-rank 0
     first = master.assign_node(AssignNode(key="hostA:11"))
+    assert first.node_id == 1 and first.job_id == "job-1"
     second = master.assign_node(AssignNode(key="hostB:12", rdzv_id="job-1"))
-    assert (first.node_id, second.node_id) == (1, 2) and first.job_id == "job-1"
+    assert (second.node_id, second.action) == (-1, Action.NONE) and "nodes.max=2" in second.reason
     assert master.assign_node(AssignNode(key="hostA:11")).node_id == 1
     other = master.assign_node(AssignNode(key="hostC:13", rdzv_id="job-9"))
     assert other.action == Action.STOP and other.node_id == -1
@@ -354,25 +357,36 @@ def test_a_new_host_stands_in_for_a_host_lost_in_silence_and_only_for_that(workd
     relaunched = []
     m = JobMaster(job, "job-1", store_host="127.0.0.1", store_factory=lambda: (5000, None), log_dir=workdir,
                   clock=clock, relaunch=relaunched.append)
-    ids = [m.assign_node(AssignNode(key=k)).node_id for k in ("hostA:1", "hostB:2", "hostC:3")]
-    assert ids == [0, 1, 2]
+    ids = [m.assign_node(AssignNode(key=k)).node_id for k in ("hostA:1", "hostB:2")]
+    assert ids == [0, 1]
     for n in ids:
         m.register(Register(node_id=n, host="h", pid=100 + n))
-    # host C's agent dies, its launcher says so at once: that launcher restarts it as node 2
-    m.failure(FailureReport(node_id=2, round=-1, failures=(WorkerFailure(kind="node_lost", detail="seen by its launcher"),)))
-    assert m.nodes[2].state == "dead"
-    assert m.assign_node(AssignNode(key="hostD:4")).node_id == 3
-    # host B falls silent (the machine died, launcher and all)
+    # host B's agent dies, its launcher says so at once: that launcher restarts it as node 1
+    m.failure(FailureReport(node_id=1, round=-1, failures=(WorkerFailure(kind="node_lost", detail="seen by its launcher"),)))
+    assert m.nodes[1].state == "dead" and 1 in m.book.relaunching
+    assert m.assign_node(AssignNode(key="hostC:3")).node_id == 2  # room for a third node
+    m.register(Register(node_id=2, host="h", pid=102))
+    waiting = m.assign_node(AssignNode(key="hostD:4"))  # 3 = nodes.max, node 1 awaited from its launcher
+    assert waiting.node_id == -1 and waiting.action == Action.NONE
+    # host C falls silent (the machine died, launcher and all)
     clock.t += 31
-    for n in (0, 3):
-        m.heartbeat(Heartbeat(node_id=n, round=-1))
-    m.register(Register(node_id=3, host="h", pid=103))
+    m.heartbeat(Heartbeat(node_id=0, round=-1))
+    m.register(Register(node_id=1, host="h", pid=201))  # (host B's launcher restarted its agent)
     m.tick()
-    assert m.nodes[1].state == "dead" and 1 in m.book.relaunching  # awaited: its launcher is gone too
-    assert m.assign_node(AssignNode(key="hostE:5")).node_id == 1  # stands in for node 1
-    assert m.assign_node(AssignNode(key="hostE:5")).node_id == 1
-    assert m.assign_node(AssignNode(key="hostB:2")).node_id == 4  # the old host, back: a new node
-    assert m.assign_node(AssignNode(key="hostC:3")).node_id == 2  # its launcher kept its id
+    assert m.nodes[2].state == "dead" and 2 in m.book.relaunching  # awaited: its launcher is gone too
+    assert m.assign_node(AssignNode(key="hostD:4")).node_id == 2  # stands in for node 2
+    assert m.assign_node(AssignNode(key="hostD:4")).node_id == 2
+    assert m.assign_node(AssignNode(key="hostC:3")).node_id == -1  # the old host, back: no place now
+    assert m.assign_node(AssignNode(key="hostB:2")).node_id == 1  # its launcher kept its id
+    # a relaunch its launcher never answers (it gave up): the next new host stands in too
+    m.failure(FailureReport(node_id=1, round=-1, failures=(WorkerFailure(kind="node_lost", detail="seen by its launcher"),)))
+    assert m.assign_node(AssignNode(key="hostF:6")).node_id == -1
+    clock.t += 31
+    for n in (0, 2):
+        m.heartbeat(Heartbeat(node_id=n, round=-1))
+    m.register(Register(node_id=2, host="h", pid=302))
+    m.tick()
+    assert m.assign_node(AssignNode(key="hostF:6")).node_id == 1
 
 
 def test_a_second_agent_of_a_running_node_restarts_the_round_not_counted(master):

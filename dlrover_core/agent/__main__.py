@@ -21,7 +21,7 @@ from dlrover_core.errors import MasterUnavailableError
 from dlrover_core.logging import bind_process, configure, get_logger
 from dlrover_core.plugins import get_host
 from dlrover_core.protocol.client import MasterClient
-from dlrover_core.protocol.messages import Action, AssignNode
+from dlrover_core.protocol.messages import Action, AssignNode, NodeAssigned
 from dlrover_core.retry import rpc_retrying
 
 
@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                           retrying=lambda: rpc_retrying(attempts=10_000, max_total_s=patience_s, max_wait_s=1.0))
     if args.node_key is not None or not args.job_id:
         try:
-            assigned = client.assign_node(AssignNode(key=args.node_key or f"node-{args.node_id}", rdzv_id=args.job_id))
+            assigned = _assigned_node(client, AssignNode(key=args.node_key or f"node-{args.node_id}",
+                                                         rdzv_id=args.job_id))
         except MasterUnavailableError as exc:
             log.error("master_unreachable", master_addr=args.master_addr, error=str(exc))
             return 1
@@ -94,6 +95,24 @@ def main(argv: list[str] | None = None) -> int:
         _watch(watch, agent.request_stop)
     log.info("agent_started", node_id=args.node_id, pid=os.getpid(), accelerator=accelerator.name, nproc=nproc)
     return agent.run()
+
+
+#: How often a host that has no place in the job yet asks again (seconds).
+_PLACE_POLL_S = 0.5
+
+
+def _assigned_node(client: MasterClient, message: AssignNode) -> NodeAssigned:
+    """The master's answer to ``message`` once it gives a node id or says stop: while the job
+    has all its nodes (``node_id`` -1, no action), ask again every ``_PLACE_POLL_S``."""
+    waiting = False
+    while True:
+        assigned = client.assign_node(message)
+        if assigned.node_id >= 0 or assigned.action == Action.STOP:
+            return assigned
+        if not waiting:
+            get_logger().info("node_place_awaited", reason=assigned.reason)
+            waiting = True
+        time.sleep(_PLACE_POLL_S)
 
 
 if __name__ == "__main__":

@@ -58,14 +58,17 @@ class Fleet:
 
     # ----- joining the job -----------------------------------------------------------------
 
-    def assign(self, key: str) -> int:
+    def assign(self, key: str) -> int | None:
         """A host's launcher's node id (``dlrover run`` on each host: the master's relaunch of
         a node is a launcher starting its agent again). The same ``key`` gets the same id. A
         new key takes the lowest awaited id no launcher will answer (a node lost in silence,
         as a dead host is, or an excluded node's replacement), so ``dlrover run`` started on a
         new host stands in for the lost node as a scheduler's relaunch does: same node id,
         same ranks (a sharded job's shards), its replicas fetched from the buddy. The lost
-        host's launcher, should it come back, then gets a new id. Else one past every id known.
+        host's launcher, should it come back, then gets a new id. Else one past every id known,
+        or ``None`` while the job already has ``nodes.max`` nodes, live or awaited: the host
+        waits (it asks again) until one is lost (it stands in for it) or leaves — a host started
+        to replace a dead one usually comes before the master has declared that one lost.
         """
         node_id = self._assigned.get(key)
         if node_id is not None:
@@ -78,7 +81,12 @@ class Fleet:
             log.info("node_assigned", node_id=node_id, key=key, stands_in_for=node_id,
                      reason=self._ctx.book.gone_why.get(node_id, "awaited"))
             return node_id
-        known = max(max(self._ctx.nodes, default=-1), max(self._assigned.values(), default=-1))
+        ctx = self._ctx
+        placed = ({n for n, rec in ctx.nodes.items() if not rec.gone} | set(ctx.book.relaunching)
+                  | {n for n in self._assigned.values() if n not in ctx.nodes})
+        if len(placed) >= ctx.job.nodes.max:
+            return None
+        known = max(max(ctx.nodes, default=-1), max(self._assigned.values(), default=-1))
         node_id = self._assigned[key] = known + 1
         log.info("node_assigned", node_id=node_id, key=key)
         return node_id
@@ -201,10 +209,17 @@ class Fleet:
         timeout = ctx.job.heartbeat_timeout_s
         for node in list(ctx.nodes.values()):
             silent = now - node.last_heartbeat
+            if (node.state == "dead" and silent > timeout and node.node_id in ctx.book.relaunching
+                    and node.node_id in self._assigned.values() and node.node_id not in self._orphans):
+                log.warning("node_relaunch_unanswered", node_id=node.node_id, silent_s=round(silent, 1),
+                            then="a new host's dlrover run may stand in for it")
+                self._orphans.add(node.node_id)  # its host's launcher did not start it again
             if node.gone or silent <= timeout:
                 continue
             if node.node_id in ctx.book.relaunching:  # ordered, never registered: maybe never issued
                 log.warning("node_relaunch_unanswered", node_id=node.node_id, silent_s=round(silent, 1))
+                if node.node_id in self._assigned.values():  # its host's launcher is not coming back
+                    self._orphans.add(node.node_id)
                 self.relaunch(node.node_id, replaces=node.node_id,
                               reason=f"the relaunch of node {node.node_id} was not answered")
             else:

@@ -251,7 +251,8 @@ class JobMaster:
     def assign_node(self, message: AssignNode) -> NodeAssigned:
         """A host's launcher (``dlrover run`` without ``--node-rank``) asks for its node id
         (:meth:`Fleet.assign`); answered ``stop`` when the job is over or ``rdzv_id`` names
-        another job."""
+        another job, and node id -1 with ``action`` none while the job has all its nodes (the
+        host asks again)."""
         with self._lock:
             if message.rdzv_id and message.rdzv_id != self.job_id:
                 return NodeAssigned(node_id=-1, job_id=self.job_id, action=Action.STOP,
@@ -260,7 +261,12 @@ class JobMaster:
             if self.state.is_terminal:
                 return NodeAssigned(node_id=-1, job_id=self.job_id, action=Action.STOP,
                                     reason=f"job {self.job_id} already ended {self.state.value}")
-            return NodeAssigned(node_id=self.fleet.assign(message.key), job_id=self.job_id)
+            node_id = self.fleet.assign(message.key)
+            if node_id is None:
+                return NodeAssigned(node_id=-1, job_id=self.job_id, action=Action.NONE,
+                                    reason=f"the job has its nodes.max={self.job.nodes.max} nodes: this host waits "
+                                           "until one is lost (it then stands in for it) or leaves")
+            return NodeAssigned(node_id=node_id, job_id=self.job_id)
 
     def register(self, message: Register) -> Registered:
         """An agent starts for ``node_id``; it gets a new fencing token (:meth:`Fleet.register`).

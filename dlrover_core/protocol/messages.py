@@ -179,10 +179,11 @@ class NodeAssigned:
     """The answer to :class:`AssignNode`.
 
     Attributes:
-        node_id: the node's id (ids given with ``--node-rank`` are never handed out).
+        node_id: the node's id (ids given with ``--node-rank`` are never handed out); -1 with
+            ``action`` none: no place yet (the job has ``nodes.max`` nodes), ask again.
         job_id: the job's id (the run id every host's agent and workers use).
         action: ``stop`` when the job is over (then ``node_id`` is -1).
-        reason: why ``stop`` (the job ended, or ``rdzv_id`` names another job).
+        reason: why ``stop`` (the job ended, or ``rdzv_id`` names another job), or why no place yet.
     """
 
     node_id: int

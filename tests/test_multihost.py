@@ -10,6 +10,8 @@ be clean). The tests skip with the reason where namespaces cannot be made (not r
 * a plain torch.distributed script across the three hosts;
 * the char LM: one host's cable is pulled mid-training, the other two go on (live), the
   cable is plugged back and the host rejoins; every host exits 0;
+* a sharded (FSDP2) job on two hosts loses one; a third host's waiting ``dlrover run`` stands
+  in for it, with its shard from the survivor's memory over the network;
 * the host running the job master dies: the others exit 1 within twice the heartbeat timeout,
   naming the unreachable master, leaving no process and no shared memory behind.
 """
@@ -57,23 +59,28 @@ class Job:
     """``dlrover run`` started on every host, with what the checks need."""
 
     def __init__(self, hosts: netns.Hosts, tmp: Path, name: str, script: Path, args: list[str], *,
-                 rdzv_conf: str = "", env: dict[str, str] | None = None) -> None:
+                 rdzv_conf: str = "", env: dict[str, str] | None = None, nnodes: int | None = None,
+                 flags: tuple[str, ...] = (), started: int | None = None) -> None:
         self.hosts, self.tmp = hosts, tmp
         self.job_id = f"{name}-{secrets.token_hex(3)}"
         self.endpoint = f"{hosts.addrs[0]}:{PORT}"
         self.ck = tmp / "ck"
         self.procs: list[subprocess.Popen] = []
         self.exit_codes: dict[int, int] = {}
-        for i in range(len(hosts.names)):
-            argv = [sys.executable, "-m", "dlrover_core.cli", "run", "--nnodes", str(len(hosts.names)),
-                    "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", self.endpoint,
-                    "--rdzv-id", self.job_id, "--local-addr", hosts.addrs[i], "--accelerator", "cpu",
-                    "--log-dir", str(self.log_root(i)), "--checkpoint-dir", str(self.ck)]
-            if rdzv_conf:
-                argv += ["--rdzv-conf", rdzv_conf]
-            argv += [str(script), *args]
-            self.procs.append(hosts.popen(i, argv, output=self.out_file(i), cwd=str(tmp),
-                                          env={**os.environ, **(env or {})}))
+        self._argv_tail = ["--nnodes", str(nnodes or len(hosts.names)), *flags,
+                           *(["--rdzv-conf", rdzv_conf] if rdzv_conf else []), str(script), *args]
+        self._env = {**os.environ, **(env or {})}
+        for _ in range(len(hosts.names) if started is None else started):
+            self.start_next()
+
+    def start_next(self) -> None:
+        """Start ``dlrover run`` on the next host (every host at once unless ``started``)."""
+        i = len(self.procs)
+        argv = [sys.executable, "-m", "dlrover_core.cli", "run",
+                "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", self.endpoint,
+                "--rdzv-id", self.job_id, "--local-addr", self.hosts.addrs[i], "--accelerator", "cpu",
+                "--log-dir", str(self.log_root(i)), "--checkpoint-dir", str(self.ck), *self._argv_tail]
+        self.procs.append(self.hosts.popen(i, argv, output=self.out_file(i), cwd=str(self.tmp), env=self._env))
 
     # ----- where things are -----------------------------------------------------------------
 
@@ -306,7 +313,62 @@ def test_charlm_host_cut_off_others_go_on_and_it_rejoins(hosts, jobs, tmp_path):
     print(f"cut → re-formed without it in {detected_s:.1f} s; healed → world 3 again in {rejoined_s:.1f} s")
 
 
-# ----- c. the master's host dies --------------------------------------------------------------
+# ----- c. a sharded job loses a host; a spare host stands in ----------------------------------
+
+
+@pytest.mark.timeout(240)
+def test_a_sharded_job_loses_a_host_and_a_waiting_spare_stands_in_live(hosts, jobs, tmp_path):
+    """``dlrover run --parallel fsdp --nnodes 2`` on hosts 0 and 1; host 2 runs the same
+    command and, finding the job full, waits. Host 1 dies (every process SIGKILLed, its cable
+    cut, its shared memory gone). Host 0's worker keeps its process and its shard; host 2
+    stands in for host 1's node: its agent fetches that node's rank's replica from host 0's
+    memory over the network, its worker joins the running world in that rank and loads that
+    shard (no byte from storage). Both hosts end the job; every rank trained each step of its lineage once."""
+    out = tmp_path / "out"
+    job = jobs("mh-shard", SCRIPTS / "sharded_live_train.py",
+               ["--steps", "60", "--step-sleep", "0.1", "--out", str(out)],
+               rdzv_conf="keep_alive_interval=0.5,keep_alive_max_attempt=8", nnodes=2,
+               flags=("--parallel", "fsdp"), started=2)
+
+    def records() -> list[dict]:
+        return [json.loads(line) for p in out.glob("steps_*.jsonl") for line in p.read_text().splitlines()]
+
+    job.wait_for(lambda: len({r["rank"] for r in records()}) == 2 and len(records()) >= 12, 120,
+                 "both hosts training", running=(0, 1))
+    job.start_next()  # the spare
+    job.wait_for(lambda: "node_place_awaited" in job.output(2), 60, "the spare waiting for a place")
+    lost = job.node_id(1)
+    (lost_rank,) = (int(r) for r in re.findall(r"workers_started .*?ranks=\[(\d+)\]", job.output(1))[:1])
+    survivor = next(r["pid"] for r in records() if r["rank"] != lost_rank)  # (node ids go in the order hosts ask)
+    hosts.crash(1)
+    for name in job.segments({lost}):  # the machine's memory dies with it
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"/dev/shm/{name}")
+    codes = {i: job.wait_exit(i, 150) for i in (0, 2)}
+    assert codes == {0: 0, 2: 0}, job.diagnose()
+    assert job.node_id(2) == lost, job.output(2)[-2000:]
+    events = job.events()
+    assert not any(e["kind"] == "workers_restarted" for e in events), job.diagnose()
+    assert any(e["kind"] == "live_reformed" for e in events) or "live_reformed" in job.output(0), job.diagnose()
+    spare = job.output(2)
+    assert re.search(rf"replicas_fetched .*'rank': {lost_rank}", spare), spare[-3000:]
+    restores = re.findall(r"checkpoint_restored .*?source=(\w+) .*?storage_bytes=(\d+)", spare)
+    assert restores and all(src == "memory" and int(n) == 0 for src, n in restores), restores
+    by_pid: dict[int, list[int]] = {}
+    for r in records():
+        by_pid.setdefault(r["pid"], []).append(r["step"])
+    mine = by_pid[survivor]
+    assert mine[0] == 0 and mine[-1] == 59, "host 0's worker trained to the end"
+    jumps = [(a, b) for a, b in zip(mine, mine[1:], strict=False) if b != a + 1]
+    assert len(jumps) <= 1 and all(b <= a for a, b in jumps), jumps  # at most one go-back, to a common step
+    for rank in (0, 1):
+        assert {r["step"] for r in records() if r["rank"] == rank} == set(range(60)), f"rank {rank} missed a step"
+    finals = [json.loads(p.read_text()) for p in out.glob("final_*.json")]
+    assert sorted(f["rank"] for f in finals) == [0, 1] and survivor in {f["pid"] for f in finals}
+    assert not any(hosts.pids(i) for i in (0, 2)), "processes left on a host"
+
+
+# ----- d. the master's host dies --------------------------------------------------------------
 
 
 # The master's host is gone: the other hosts' agents give up after the heartbeat timeout and

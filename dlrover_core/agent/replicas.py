@@ -308,7 +308,10 @@ class ReplicaServer:
             protocol_version = "HTTP/1.1"
 
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-                server._answer(self)
+                try:
+                    server._answer(self)
+                except (BrokenPipeError, ConnectionResetError):  # the asker went away (it died, or gave up)
+                    self.close_connection = True
 
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (http.server's name)
                 pass

@@ -73,6 +73,7 @@ class Fleet:
         node_id = self._assigned.get(key)
         if node_id is not None:
             return node_id
+        self._orphans &= set(self._ctx.book.relaunching)  # (one that came back is no orphan)
         if self._orphans:
             node_id = min(self._orphans)
             self._orphans.discard(node_id)
@@ -196,8 +197,8 @@ class Fleet:
         if self.too_many_failures(node):
             self.exclude(node, self.failures_why(node, lost=True))
         elif self._relaunch is not None:
-            if silent and node.node_id in self._assigned.values():
-                self._orphans.add(node.node_id)  # its host fell silent, launcher and all
+            if silent:  # its host fell silent, launcher and all (only dlrover run's hosts ask for ids)
+                self._orphans.add(node.node_id)
             self.relaunch(node.node_id, replaces=node.node_id, reason=f"node {node.node_id} was lost")
         else:
             self.check_below_min()
@@ -210,16 +211,16 @@ class Fleet:
         for node in list(ctx.nodes.values()):
             silent = now - node.last_heartbeat
             if (node.state == "dead" and silent > timeout and node.node_id in ctx.book.relaunching
-                    and node.node_id in self._assigned.values() and node.node_id not in self._orphans):
-                log.warning("node_relaunch_unanswered", node_id=node.node_id, silent_s=round(silent, 1),
-                            then="a new host's dlrover run may stand in for it")
+                    and node.node_id not in self._orphans):  # (also after a master restart: no keys known)
+                if self._assigned:  # (dlrover run's hosts: they ask for ids)
+                    log.warning("node_relaunch_unanswered", node_id=node.node_id, silent_s=round(silent, 1),
+                                then="a new host's dlrover run may stand in for it")
                 self._orphans.add(node.node_id)  # its host's launcher did not start it again
             if node.gone or silent <= timeout:
                 continue
             if node.node_id in ctx.book.relaunching:  # ordered, never registered: maybe never issued
                 log.warning("node_relaunch_unanswered", node_id=node.node_id, silent_s=round(silent, 1))
-                if node.node_id in self._assigned.values():  # its host's launcher is not coming back
-                    self._orphans.add(node.node_id)
+                self._orphans.add(node.node_id)  # (an excluded node's replacement no host took yet)
                 self.relaunch(node.node_id, replaces=node.node_id,
                               reason=f"the relaunch of node {node.node_id} was not answered")
             else:

@@ -389,6 +389,20 @@ def test_a_new_host_stands_in_for_a_host_lost_in_silence_and_only_for_that(workd
     assert m.assign_node(AssignNode(key="hostF:6")).node_id == 1
 
 
+def test_an_id_whose_agent_never_registered_is_given_to_the_next_host(master):
+    """A launcher that got an id and died before its agent registered does not keep the job
+    full for ever: after the heartbeat timeout (30 s) the next host takes that id."""
+    assert master.assign_node(AssignNode(key="hostA:1")).node_id == 0
+    master.register(Register(node_id=0, host="h", pid=100))
+    assert master.assign_node(AssignNode(key="hostB:2")).node_id == 1  # never registers
+    assert master.assign_node(AssignNode(key="hostC:3")).node_id == -1  # nodes.max=2: full
+    master.clock.t += 29
+    assert master.assign_node(AssignNode(key="hostC:3")).node_id == -1
+    master.clock.t += 2
+    assert master.assign_node(AssignNode(key="hostC:3")).node_id == 1
+    assert master.assign_node(AssignNode(key="hostB:2")).node_id == -1  # came back late: no place
+
+
 def test_a_second_agent_of_a_running_node_restarts_the_round_not_counted(master):
     """A relaunch issued twice starts two agents for one node: the later one registers after
     the earlier one ran the round. The earlier one is fenced, so the round cannot go on

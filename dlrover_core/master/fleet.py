@@ -55,6 +55,7 @@ class Fleet:
         # node ids awaited that no launcher will answer: lost in silence (their host died with
         # its launcher) or an excluded node's replacement; a new host's launcher takes one
         self._orphans: set[int] = set()
+        self._assigned_at: dict[int, float] = {}  # node id -> when it was handed out (master clock)
 
     # ----- joining the job -----------------------------------------------------------------
 
@@ -65,7 +66,8 @@ class Fleet:
         as a dead host is, or an excluded node's replacement), so ``dlrover run`` started on a
         new host stands in for the lost node as a scheduler's relaunch does: same node id,
         same ranks (a sharded job's shards), its replicas fetched from the buddy. The lost
-        host's launcher, should it come back, then gets a new id. Else one past every id known,
+        host's launcher, should it come back, then gets a new id; so does an id handed out whose
+        agent never registered within the heartbeat timeout. Else one past every id known,
         or ``None`` while the job already has ``nodes.max`` nodes, live or awaited: the host
         waits (it asks again) until one is lost (it stands in for it) or leaves — a host started
         to replace a dead one usually comes before the master has declared that one lost.
@@ -73,22 +75,28 @@ class Fleet:
         node_id = self._assigned.get(key)
         if node_id is not None:
             return node_id
-        self._orphans &= set(self._ctx.book.relaunching)  # (one that came back is no orphan)
-        if self._orphans:
-            node_id = min(self._orphans)
+        ctx = self._ctx
+        self._orphans &= set(ctx.book.relaunching)  # (one that came back is no orphan)
+        # an id handed out whose agent never registered within the heartbeat timeout: its
+        # launcher died before it started (else the job would look full for ever)
+        never = {n for n in self._assigned.values() if n not in ctx.nodes
+                 and ctx.clock() - self._assigned_at.get(n, ctx.clock()) > ctx.job.heartbeat_timeout_s}
+        if self._orphans or never:
+            node_id = min(self._orphans | never)
             self._orphans.discard(node_id)
             self._assigned = {k: v for k, v in self._assigned.items() if v != node_id}
             self._assigned[key] = node_id
+            self._assigned_at[node_id] = ctx.clock()
             log.info("node_assigned", node_id=node_id, key=key, stands_in_for=node_id,
-                     reason=self._ctx.book.gone_why.get(node_id, "awaited"))
+                     reason=ctx.book.gone_why.get(node_id, "awaited" if node_id in ctx.nodes else "never registered"))
             return node_id
-        ctx = self._ctx
         placed = ({n for n, rec in ctx.nodes.items() if not rec.gone} | set(ctx.book.relaunching)
                   | {n for n in self._assigned.values() if n not in ctx.nodes})
         if len(placed) >= ctx.job.nodes.max:
             return None
         known = max(max(ctx.nodes, default=-1), max(self._assigned.values(), default=-1))
         node_id = self._assigned[key] = known + 1
+        self._assigned_at[node_id] = ctx.clock()
         log.info("node_assigned", node_id=node_id, key=key)
         return node_id
 

@@ -354,9 +354,8 @@ def test_a_new_host_stands_in_for_a_host_lost_in_silence_and_only_for_that(workd
     job = Job(name="m", entrypoint="t.py", nodes=Nodes(min=2, max=3),
               failure=Failure(max_restarts=5, heartbeat_timeout_s=30))
     clock = Clock()
-    relaunched = []
     m = JobMaster(job, "job-1", store_host="127.0.0.1", store_factory=lambda: (5000, None), log_dir=workdir,
-                  clock=clock, relaunch=relaunched.append)
+                  clock=clock, relaunch=lambda request: None)  # (dlrover run: the launchers relaunch)
     ids = [m.assign_node(AssignNode(key=k)).node_id for k in ("hostA:1", "hostB:2")]
     assert ids == [0, 1]
     for n in ids:
@@ -401,6 +400,61 @@ def test_an_id_whose_agent_never_registered_is_given_to_the_next_host(master):
     master.clock.t += 2
     assert master.assign_node(AssignNode(key="hostC:3")).node_id == 1
     assert master.assign_node(AssignNode(key="hostB:2")).node_id == -1  # came back late: no place
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_hosts_asking_for_ids_never_share_a_live_node_seeded(workdir, seed):
+    """Seeded schedules of ``dlrover run`` hosts (new hosts asking, agents registering,
+    launcher-reported agent deaths, hosts falling silent, dead hosts' launchers coming back,
+    time passing). Invariants after every step: an id is handed to a new launcher only when
+    its node is not live under another launcher (gone or awaited, or its agent never
+    registered within the heartbeat timeout); no more than ``nodes.max`` ids are held by
+    live nodes; a launcher asking again gets its id again unless it was taken over."""
+    (workdir / "t.py").write_text("")
+    rng = random.Random(seed)
+    job = Job(name="m", entrypoint="t.py", nodes=Nodes(min=1, max=3),
+              failure=Failure(max_restarts=50, heartbeat_timeout_s=30, max_node_failures=100))
+    clock = Clock()
+    m = JobMaster(job, "job-1", store_host="127.0.0.1", store_factory=lambda: (5000, None), log_dir=workdir,
+                  clock=clock, relaunch=lambda request: None)
+    owner: dict[int, str] = {}  # node id -> the launcher key it was last handed to
+    alive: set[str] = set()  # launchers whose agent registered and beats
+    keys = [f"host{i}:{i}" for i in range(6)]
+    for _ in range(120):
+        op = rng.choice(("ask", "ask", "register", "agent_died", "host_died", "time"))
+        key = rng.choice(keys)
+        if op == "ask":
+            before = {n: (m.nodes[n].state if n in m.nodes else None) for n in owner}
+            got = m.assign_node(AssignNode(key=key)).node_id
+            if got < 0:
+                continue
+            previous = owner.get(got)
+            if previous is not None and previous != key:  # a take-over: the node was not live
+                assert previous not in alive or before[got] in (None, "dead", "exited", "excluded"), (seed, got, before)
+                alive.discard(previous)
+            owner[got] = key
+        elif op == "register":
+            mine = [n for n, k in owner.items() if k == key]
+            if mine:
+                m.register(Register(node_id=mine[0], host="h", pid=rng.randrange(1000)))
+                alive.add(key)
+        elif op == "agent_died":
+            mine = [n for n, k in owner.items() if k == key and k in alive]
+            if mine:
+                m.failure(FailureReport(node_id=mine[0], round=-1, failures=(
+                    WorkerFailure(kind="node_lost", detail="seen by its launcher"),)))
+                alive.discard(key)
+        elif op == "host_died":
+            alive.discard(key)  # silent from now on
+        else:
+            clock.t += rng.choice((1.0, 10.0, 31.0))
+            for k in alive:
+                for n in [n for n, o in owner.items() if o == k]:
+                    m.heartbeat(Heartbeat(node_id=n, round=-1))
+            m.tick()
+        live = [n for n, rec in m.nodes.items() if not rec.gone]
+        assert len(live) <= job.nodes.max, (seed, live)
+        assert len(set(owner.values())) == len(owner), (seed, owner)  # one launcher per id
 
 
 def test_a_second_agent_of_a_running_node_restarts_the_round_not_counted(master):

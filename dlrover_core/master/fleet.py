@@ -55,7 +55,7 @@ class Fleet:
         # node ids awaited that no launcher will answer: lost in silence (their host died with
         # its launcher) or an excluded node's replacement; a new host's launcher takes one
         self._orphans: set[int] = set()
-        self._assigned_at: dict[int, float] = {}  # node id -> when it was handed out (master clock)
+        self._unregistered: dict[int, float] = {}  # id handed out, no agent registered yet -> when (clock)
 
     # ----- joining the job -----------------------------------------------------------------
 
@@ -79,24 +79,25 @@ class Fleet:
         self._orphans &= set(ctx.book.relaunching)  # (one that came back is no orphan)
         # an id handed out whose agent never registered within the heartbeat timeout: its
         # launcher died before it started (else the job would look full for ever)
-        never = {n for n in self._assigned.values() if n not in ctx.nodes
-                 and ctx.clock() - self._assigned_at.get(n, ctx.clock()) > ctx.job.heartbeat_timeout_s}
+        now = ctx.clock()
+        never = {n for n, at in self._unregistered.items() if now - at > ctx.job.heartbeat_timeout_s}
         if self._orphans or never:
             node_id = min(self._orphans | never)
             self._orphans.discard(node_id)
             self._assigned = {k: v for k, v in self._assigned.items() if v != node_id}
             self._assigned[key] = node_id
-            self._assigned_at[node_id] = ctx.clock()
+            self._unregistered[node_id] = now
             log.info("node_assigned", node_id=node_id, key=key, stands_in_for=node_id,
                      reason=ctx.book.gone_why.get(node_id, "awaited" if node_id in ctx.nodes else "never registered"))
             return node_id
-        placed = ({n for n, rec in ctx.nodes.items() if not rec.gone} | set(ctx.book.relaunching)
-                  | {n for n in self._assigned.values() if n not in ctx.nodes})
-        if len(placed) >= ctx.job.nodes.max:
-            return None
+        if len(ctx.nodes) + len(self._unregistered) >= ctx.job.nodes.max:  # (else it cannot be full: no scan)
+            placed = ({n for n, rec in ctx.nodes.items() if not rec.gone} | set(ctx.book.relaunching)
+                      | set(self._unregistered))
+            if len(placed) >= ctx.job.nodes.max:
+                return None
         known = max(max(ctx.nodes, default=-1), max(self._assigned.values(), default=-1))
         node_id = self._assigned[key] = known + 1
-        self._assigned_at[node_id] = ctx.clock()
+        self._unregistered[node_id] = now
         log.info("node_assigned", node_id=node_id, key=key)
         return node_id
 
@@ -111,6 +112,7 @@ class Fleet:
         node.replica_addr = replica_addr
         ctx.replicas.drop_holder(node_id)  # a new agent holds none of its predecessor's replicas
         self._orphans.discard(node_id)  # its own launcher (or scheduler) answered
+        self._unregistered.pop(node_id, None)
         self.last_token += 1  # (a counter: a scan of the node table per register is 10,000² at scale)
         node.token = self.last_token
         ctx.book.relaunching.pop(node_id, None)

@@ -398,10 +398,15 @@ def read_result(log_dir: str | Path) -> JobResult | None:
 
 
 def status_of_result(result: JobResult) -> JobStatus:
-    """The status of a finished job, from its result."""
+    """The status of a finished job, from its result: what the master's last status said
+    that the result keeps (the run's length, throughput, goodput, wall time), so the final
+    progress line of a job whose master has exited is not poorer than the one before it."""
     return JobStatus(state=result.state, step=result.final_step, metrics=dict(result.metrics),
                      restarts=result.restarts, message=result.reason,
-                     root_cause=result.root_cause if result.failures else None)
+                     root_cause=result.root_cause if result.failures else None,
+                     total_steps=result.total_steps, samples_per_s=result.samples_per_s,
+                     tokens_per_s=result.tokens_per_s, elapsed_s=result.wall_time_s,
+                     goodput={"goodput": result.goodput} if result.steps_reported else {})
 
 
 class SchedulerBackend(abc.ABC):

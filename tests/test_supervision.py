@@ -150,3 +150,20 @@ def test_job_run_wait_shows_the_logs_and_the_summary_and_keeps_the_stop_signal(c
     assert result.state == JobState.SUCCEEDED and run.stop_signal is None
     assert "[node-0] hello" in out and "progress: running | step 0" in out and result.summary() in out
     assert backend.calls[-1] == "cancel"
+
+
+def test_the_status_of_a_finished_job_keeps_what_its_result_knows():
+    """Once the master has exited, the status comes from ``result.json``: the final progress
+    line still has the run's length, its throughput, goodput and wall time (they were lost,
+    so a JSON progress record after SUCCEEDED said ``total_steps: null``)."""
+    from dlrover_core.display import progress_fields
+    from dlrover_core.scheduler_backend import status_of_result
+
+    result = JobResult(job_id="j", state=JobState.SUCCEEDED, reason="", final_step=29, restarts=0, wall_time_s=12.5,
+                       productive_s=10.0, goodput=0.8, checkpoint_stall_s=0, restore_s=0, recomputed_s=0,
+                       detection_s=0, restart_s=0, rendezvous_s=0, startup_s=0, failures=(), metrics={"loss": 1.0},
+                       log_dir="", total_steps=30, samples_per_s=80.0, tokens_per_s=None)
+    fields = progress_fields(status_of_result(result))
+    assert (fields["state"], fields["step"], fields["total_steps"], fields["percent"]) == ("SUCCEEDED", 29, 30, 100.0)
+    assert (fields["samples_per_s"], fields["goodput"], fields["elapsed_s"], fields["loss"]) == (80.0, 0.8, 12.5, 1.0)
+    assert JobResult.from_dict({**result.to_dict(), "samples_per_s": None}).samples_per_s is None

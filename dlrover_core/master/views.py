@@ -57,6 +57,7 @@ def job_result(master: JobMaster, *, wall_s: float) -> JobResult:
         reform_s=g.phases["reform_s"], failures=tuple(f for f, _ in master.failures),
         metrics=dict(master.metrics), log_dir=str(master.log_dir or ""),
         worker_exit_codes=worker_exit_codes(master), total_steps=master.rate.total_steps,
+        samples_per_s=_rounded(master.rate.samples_per_s), tokens_per_s=_rounded(master.rate.tokens_per_s),
     )
 
 

@@ -130,6 +130,8 @@ class JobResult:
             signal.
         total_steps: the run's length in steps, as rank 0 gave it to ``train.report``
             (``None``: not given).
+        samples_per_s, tokens_per_s: the throughput at the end, as the status showed it last
+            (``None``: not reported).
     """
 
     job_id: str
@@ -153,6 +155,8 @@ class JobResult:
     reform_s: float = 0.0
     worker_exit_codes: dict[int, int] = attrs.field(factory=dict)
     total_steps: int | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
 
     @property
     def root_cause(self) -> FailureRecord | None:

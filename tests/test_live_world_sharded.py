@@ -140,6 +140,32 @@ def test_a_replacement_without_snapshots_closes_a_sharded_world_and_says_why():
     assert w.can_go_on() == w.closed
 
 
+@pytest.mark.parametrize(("members", "groups", "replicas", "died", "bare"), [
+    # FSDP on 2 nodes: rank 1's shard is in node 0's memory as a replica, or nowhere
+    (((0, 0), (1, 0)), [], {1}, 1, ""),
+    (((0, 0), (1, 0)), [], set(), 1, "rank(s) 1 "),
+    # HSDP, 4 ranks on 2 nodes, replica groups {0, 2} and {1, 3}: node 1's ranks have live peers
+    (((0, 0), (0, 1), (1, 0), (1, 1)), [[0, 2], [1, 3]], set(), 1, ""),
+    # the same shards on one node (groups {0, 1}, {2, 3}): a lost node takes both copies
+    (((0, 0), (0, 1), (1, 0), (1, 1)), [[0, 1], [2, 3]], set(), 1, "rank(s) 2, 3 "),
+    (((0, 0), (0, 1), (1, 0), (1, 1)), [[0, 1], [2, 3]], {3}, 1, "rank(s) 2 "),
+])
+def test_a_lost_nodes_ranks_must_survive_somewhere_else_in_memory(members, groups, replicas, died, bare):
+    """A sharded world goes on live after a node's loss only where each rank that ran there
+    has a replica of its snapshots in another node's memory, or a live replica-group peer;
+    else it says which ranks at the loss (not seconds later, when the relaunched node asks)."""
+    w = LiveWorld(round_index=0, members=list(members), store_host="h", store_port=1, set_key=lambda _k: None,
+                  clock=Clock(), straggler_timeout_s=30.0, sharded=True, replica_groups=groups)
+    w.node_died(died)
+    why = w.lost_shards(died, lambda node_id, rank: node_id == died and rank in replicas)
+    assert (why == "") == (bare == ""), why
+    if bare:
+        assert why.startswith(bare) and f"died with node {died}" in why and "checkpoint.replicas=0" in why
+    replicated = LiveWorld(round_index=0, members=list(members), store_host="h", store_port=1,
+                           set_key=lambda _k: None, clock=Clock(), straggler_timeout_s=30.0, sharded=False)
+    assert replicated.lost_shards(died, lambda _n, _r: False) == "", "a replicated world's state is everywhere"
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_random_deaths_and_asking_orders_keep_a_sharded_worlds_invariants(seed):
     """Seeded random schedules: members die (one or two), survivors and replacements ask in

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -23,12 +24,13 @@ pytestmark = pytest.mark.slow
 
 def sharded_job(tmp: Path, name: str, *, steps: int = 40, sleep_s: float = 0.05, nodes: int = 1,
                 extra: tuple[str, ...] = (), parallel: tuple = ("fsdp",), ranks: int = 2, memory_every_steps: int = 1,
-                replicas: int | None = None) -> Job:
+                replicas: int | None = None, persist_every_steps: int = 0) -> Job:
     return Job(
         name=name, entrypoint=str(SCRIPTS / "sharded_live_train.py"),
         args=["--steps", str(steps), "--step-sleep", str(sleep_s), "--out", str(tmp / name), *extra],
         nodes=Nodes(min=nodes, max=nodes, nproc_per_node=ranks // nodes), accelerator="cpu", parallel=Parallel(list(parallel)),
-        checkpoint=Checkpoint(dir=str(tmp / name / "ck"), persist_every_steps=0, memory_every_steps=memory_every_steps,
+        checkpoint=Checkpoint(dir=str(tmp / name / "ck"), persist_every_steps=persist_every_steps,
+                              memory_every_steps=memory_every_steps,
                               replicas=replicas),
         failure=Failure(max_restarts=3, stop_grace_s=2, heartbeat_timeout_s=3.0),
         log_dir=str(tmp / "runs"),
@@ -316,6 +318,37 @@ def test_a_lost_node_of_an_hsdp_job_without_replicas_rejoins_live_from_the_other
                         replicas=0).run(progress=False)
     assert clean.state == JobState.SUCCEEDED, clean.reason
     assert json.loads((out / "final.json").read_text()) == json.loads((tmp_path / "clean" / "final.json").read_text())
+    assert job_processes(result.job_id) == []
+
+
+@pytest.mark.timeout(300)
+def test_a_lost_node_of_an_fsdp_job_without_replicas_restarts_every_worker_from_storage_and_says_why(tmp_path):
+    """FSDP2 on 2 nodes with ``Checkpoint(replicas=0)``: node 1 dies as a machine does, and
+    rank 1's shard survives nowhere in memory (no replica, no replica group). The survivor
+    cannot go on live, so every worker restarts at once (one failure, one restart counted:
+    the master knows at the loss, not when the relaunched node asks to join; its
+    ``recovery`` and ``action`` say why), rank 1 reads its shard of the last commit from storage, and the job still ends
+    bit-identical to a run without the failure (the steps since the commit are trained
+    again on the same seeded batches)."""
+    run = sharded_job(tmp_path, "lost", steps=30, nodes=2, replicas=0, persist_every_steps=5).submit()
+    wait_for(lambda: run.status().step >= 12, 120, "step 12")
+    kill_node(run, 1)
+    result = run.wait(progress=False, timeout_s=200)
+    assert result.state == JobState.SUCCEEDED, result.reason
+    (failure,) = result.failures
+    assert failure.recovery == "restart_all", (failure.recovery, failure.action)
+    assert failure.kind == "node_lost" and failure.rank is None, failure
+    assert "rank(s) 1 of a sharded world died with node 1" in failure.action, failure.action
+    assert failure.restored_from == "storage" and failure.restored_step is not None and failure.restored_step >= 10
+    restores = dict((int(rank), (source, int(step))) for rank, source, step in re.findall(
+        r"checkpoint_restored .*?rank=(\d+) source=(\w+) step=(\d+)",
+        "".join(p.read_text() for p in Path(result.log_dir).glob("node_*.log"))))
+    assert restores[1][0] == "storage" and restores[1][1] >= 10, restores  # (a commit at step 10 or later)
+    assert storage_bytes_read(result) > 0
+    clean = sharded_job(tmp_path, "clean", steps=30, sleep_s=0.0, nodes=2, replicas=0).run(progress=False)
+    assert clean.state == JobState.SUCCEEDED, clean.reason
+    assert json.loads((tmp_path / "lost" / "final.json").read_text()) == json.loads(
+        (tmp_path / "clean" / "final.json").read_text())
     assert job_processes(result.job_id) == []
 
 

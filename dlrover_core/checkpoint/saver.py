@@ -59,6 +59,9 @@ _SLOTS = SLOTS  # (a rank's slots: two, three where snapshots are replicated; ab
 #: (seconds; see ``_settle_below_commit``). A snapshot it has not seen there yet is looked
 #: at on the next scan.
 _MARKER_RECHECK_S = 0.5
+#: Seconds between the saver's full scans of its slots when nothing it can see has changed
+#: (no header rewritten, no table changed): at most the marker's re-check interval.
+_FULL_SCAN_S = _MARKER_RECHECK_S / 2
 #: Longest the saver waits for that read (seconds).
 _MARKER_READ_TIMEOUT_S = 2.0
 #: A shard write still in flight after this many seconds (or a quarter of
@@ -215,13 +218,36 @@ class CheckpointSaver:
         # writer threads it starts, which inherit it). (Linux: setpriority on a thread id.)
         with contextlib.suppress(OSError, AttributeError):
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        seen: tuple[Any, ...] | None = None
+        full_scan_at = 0.0
         while not self._stop.wait(self._poll_s):
             try:
-                self._settle_below_commit()
-                self._dispatch()
+                # a full scan reads every slot's header (its checksum covers the layout: tens
+                # of microseconds a slot) — only when a header or this saver's tables changed,
+                # and every _FULL_SCAN_S regardless (the marker's re-reads are timed)
+                now_seen = self._stamp()
+                if now_seen != seen or time.monotonic() >= full_scan_at:
+                    seen, full_scan_at = now_seen, time.monotonic() + _FULL_SCAN_S
+                    self._settle_below_commit()
+                    self._dispatch()
                 self._watch_stuck()
             except Exception as exc:  # the saver must never take the agent down
+                seen = None
                 log.error("checkpoint_saver_error", node_id=self.node_id, error=f"{type(exc).__name__}: {exc}")
+
+    def _stamp(self) -> tuple[Any, ...]:
+        """What a scan's outcome depends on, cheaply: each slot's identity and raw header
+        (:meth:`SnapshotSlot.stamp`), and this saver's tables (ranks, commit, writes in
+        flight, breakpoint, given-up writes)."""
+        with self._lock:
+            ranks = sorted({*self._ranks, *self._breakpoint})
+            parts: list[Any] = [tuple(ranks), self.committed, tuple(sorted(self._writes)),
+                                tuple(sorted(self._breakpoint)), len(self._errors)]
+            for rank in ranks:
+                for index in range(_SLOTS):
+                    slot = self._slot(rank, index)
+                    parts.append(None if slot is None else (slot.identity, slot.stamp()))
+        return tuple(parts)
 
     # ----- scanning ----------------------------------------------------------------------
 

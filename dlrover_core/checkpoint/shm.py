@@ -68,6 +68,7 @@ HEADER_SIZE = 4096
 _MAGIC = b"DLRFCP2\0"
 # magic, state, flags, step, seq, world_size, rank, round, layout_off, layout_len, data_off, data_len, crc
 _FMT = "<8sIIqQIIIQQQQI"
+_HEADER_FIELDS_LEN = struct.calcsize(_FMT)
 _COVERED = "<qQIIIQQQQ"
 EMPTY, WRITING, READY = 0, 1, 2
 #: byte offsets of the one-byte flags (outside the checksum)
@@ -309,6 +310,16 @@ class SnapshotSlot:
         return SlotHeader(state=state, flags=flags, step=step, seq=seq, world_size=world, rank=rank,
                           round=round_index, layout_off=layout_off, layout_len=layout_len, data_off=data_off, data_len=data_len,
                           crc=crc, valid=valid)
+
+    def stamp(self) -> bytes:
+        """The header's bytes as they are now (no checksum, no lock): equal stamps mean no
+        writer published, abandoned, flagged or pinned anything in between (each of those
+        rewrites a header field; a publish bumps ``seq``). A cheap test for a change, as
+        :meth:`peek`; ``b""`` while the slot is empty."""
+        self._remap()
+        if self.mm is None:
+            return b""
+        return bytes(self.mm[:_HEADER_FIELDS_LEN])
 
     def peek(self) -> tuple[int, int, int] | None:
         """``(state, step, seq)`` as the header says now, unchecked (no checksum, no lock):

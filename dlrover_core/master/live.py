@@ -137,6 +137,33 @@ class LiveWorld:
                     "train.steps() (or have not reached it yet)")
         return ""
 
+    def lost_shards(self, node_id: int, has_replica: Callable[[int, int], bool]) -> str:
+        """``""``, or why a sharded world cannot go on live without node ``node_id``'s memory:
+        a rank that ran there whose shard no other node holds — neither a replica of its
+        snapshots in another node's memory (``has_replica(node_id, rank)``: the master's
+        replica index) nor a live member of its replica group holding the training state.
+        Known at the loss, not when the relaunched node asks to join (seconds later, and a
+        second restart counted for one failure)."""
+        if not self.sharded:
+            return ""
+        group_of = {r: group for group in self.replica_groups for r in group}
+        bare = []
+        for rank, (node, _) in enumerate(self.members):
+            if node != node_id:
+                continue
+            peers = [self.members[p] for p in group_of.get(rank, ()) if p != rank and p < len(self.members)]
+            if any(m[0] != node_id and m not in self.dead and m in self.holders for m in peers):
+                continue
+            if not has_replica(node_id, rank):
+                bare.append(rank)
+        if not bare:
+            return ""
+        ranks = ", ".join(map(str, bare[:8])) + (" ..." if len(bare) > 8 else "")
+        return (f"rank(s) {ranks} of a sharded world died with node {node_id} and no other node holds "
+                f"{'its' if len(bare) == 1 else 'their'} shard in memory (no replica of its snapshots: "
+                "checkpoint.replicas=0, or none pulled yet; no replica-group peer); every worker restarts from a "
+                "checkpoint")
+
     def worker_died(self, slot: Slot, pid: int | None = None) -> None:
         """A member (or a joiner) died: a forming generation does not wait for it."""
         if slot in self.members:
@@ -380,12 +407,18 @@ class LiveRecovery:
         straggler_timeout_s, sharded: see :class:`LiveWorld`.
         replica_groups: a world size's groups of ranks holding the same shard
             (``JobSpec.replica_groups``; see :class:`LiveWorld`).
+        has_replica: ``(node_id, rank) -> bool``: whether another node, not lost, holds a
+            replica of the snapshots of ``rank`` that ran on ``node_id`` (a sharded world
+            goes on live after a node's loss only where each of its ranks has one, or a
+            replica-group peer: :meth:`LiveWorld.lost_shards`).
     """
 
     def __init__(self, *, why_not: str, store_host: str, clock: Callable[[], float],
                  event: Callable[..., None], straggler_timeout_s: float, sharded: bool = False,
-                 replica_groups: Callable[[int], list[list[int]]] = lambda _world_size: []) -> None:
+                 replica_groups: Callable[[int], list[list[int]]] = lambda _world_size: [],
+                 has_replica: Callable[[int, int], bool] = lambda _node_id, _rank: True) -> None:
         self.why_not = why_not
+        self.has_replica = has_replica
         self.sharded = sharded
         self._replica_groups = replica_groups
         self.world: LiveWorld | None = None
@@ -434,12 +467,13 @@ class LiveRecovery:
         survivors go on if the world can (else it closes, saying why)."""
         world = self.world
         assert world is not None
-        if any(f.local_rank is None for f in failures):
+        lost = any(f.local_rank is None for f in failures)
+        if lost:
             world.node_died(node_id)
         else:
             for f in failures:
                 world.worker_died((node_id, int(f.local_rank)))  # type: ignore[arg-type]
-        why = world.can_go_on()
+        why = world.can_go_on() or (world.lost_shards(node_id, self.has_replica) if lost else "")
         if why:
             self.unavailable(world.round, why)
             return LiveAnswer(replaced=False, why=why)
@@ -453,7 +487,7 @@ class LiveRecovery:
         if world is None or world.closed or world.round != round_index:
             return None
         world.node_died(node_id)
-        why = world.can_go_on()
+        why = world.can_go_on() or world.lost_shards(node_id, self.has_replica)
         if not why:
             self.progress()
         return why

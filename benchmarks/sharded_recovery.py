@@ -29,7 +29,9 @@ SIGKILL once rank 0 has completed step ``--kill-step``.
   interval with replication on vs off is ``replication_step_slowdown``.
 
 Measured from each side's step records (seconds from the SIGKILL): *next step* — the end of
-the first step rank 0 began after the kill; *full world* — the same for rank 1; *recomputed
+the first step rank 0 began after the kill; *full world* — the same for rank 1; *world
+whole* — when rank 1 *began* that step (the world whole and training again: full world
+less the step's own time, which is the same on every side); *recomputed
 steps* — the newest step completed before the kill minus the step resumed after; *survivor
 restarts* — rank 0 processes after the kill that were not the one before it; *bytes read from
 storage* — what the restores read (``checkpoint_restored storage_bytes``; torchrun: the DCP
@@ -111,6 +113,7 @@ def measure(out: Path, killed_at: float, started: float, ended: float) -> dict[s
     first1 = min((r for r in after if r["rank"] == 1 and r["t0"] >= killed_at), key=lambda r: r["t"])
     survivor = max((r for r in before if r["rank"] == 0), key=lambda r: r["t"])["pid"]
     return {"next_step_s": round(first0["t"] - killed_at, 3), "full_world_s": round(first1["t"] - killed_at, 3),
+            "world_whole_s": round(first1["t0"] - killed_at, 3),
             "recomputed_steps": last_before - (first0["step"] - 1), "time_to_finish_s": round(ended - started, 3),
             "killed_after_step": last_before,
             "survivor_restarts": len({r["pid"] for r in after if r["rank"] == 0} - {survivor}),
@@ -228,7 +231,7 @@ def run_torchrun(tmp: Path, a: argparse.Namespace) -> dict[str, Any]:
 
 
 KILLED = ("dlrover-core", "dlrover-core-restart-all", "torchrun", "dlrover-core-node-loss")
-METRICS = ("next_step_s", "full_world_s", "recomputed_steps", "time_to_finish_s", "survivor_restarts",
+METRICS = ("next_step_s", "full_world_s", "world_whole_s", "recomputed_steps", "time_to_finish_s", "survivor_restarts",
            "bytes_read_from_storage", "median_step_interval_s")
 
 
@@ -275,6 +278,11 @@ def main() -> int:
         "sharded_kill_to_full_world_vs_torchrun_dcp": round(ours["full_world_s"] / peer["full_world_s"], 3),
         "sharded_kill_to_full_world_s": ours["full_world_s"],
         "sharded_node_loss_kill_to_full_world_s": lost["full_world_s"],
+        # the same clocks stopped when the replacement *begins* its first step in a whole
+        # world (full_world_s less that step's own time, which every side pays)
+        "sharded_kill_to_world_whole_s": ours["world_whole_s"],
+        "sharded_kill_to_world_whole_vs_torchrun_dcp": round(ours["world_whole_s"] / peer["world_whole_s"], 3),
+        "sharded_node_loss_kill_to_world_whole_s": lost["world_whole_s"],
         "sharded_node_loss_bytes_read_from_storage": max(r["bytes_read_from_storage"]
                                                          for r in sides["dlrover-core-node-loss"]),
         "sharded_survivor_restarts": max(r["survivor_restarts"] for s in ("dlrover-core", "dlrover-core-node-loss")

@@ -1,6 +1,7 @@
 """The agent's checkpoint saver: persists this node's snapshots in the background.
 
-A scanning thread looks at the headers of the node's snapshot slots (every ``poll_s``). For
+A scanning thread looks at the headers of the node's snapshot slots (every ``poll_s``; the
+raw header bytes, and the checked headers only when those or its own tables changed). For
 each rank, the oldest complete snapshot flagged for persistence and not yet persisted is
 written through the storage hook as ``step_<S>/rank_<r>-round<R>.safetensors`` (staging
 name, fsync, rename; ``R`` is the incarnation — the rendezvous round — that took the

@@ -327,11 +327,15 @@ def test_a_lost_node_of_an_fsdp_job_without_replicas_restarts_every_worker_from_
     rank 1's shard survives nowhere in memory (no replica, no replica group). The survivor
     cannot go on live, so every worker restarts at once (one failure, one restart counted:
     the master knows at the loss, not when the relaunched node asks to join; its
-    ``recovery`` and ``action`` say why), rank 1 reads its shard of the last commit from storage, and the job still ends
-    bit-identical to a run without the failure (the steps since the commit are trained
+    ``recovery`` and ``action`` say why), rank 1 reads its shard of the last commit from
+    storage, and the job still ends bit-identical to a run without the failure (the steps since the commit are trained
     again on the same seeded batches)."""
-    run = sharded_job(tmp_path, "lost", steps=30, nodes=2, replicas=0, persist_every_steps=5).submit()
-    wait_for(lambda: run.status().step >= 12, 120, "step 12")
+    from dlrover_core.storage.posix import PosixStorage
+
+    run = sharded_job(tmp_path, "lost", steps=40, sleep_s=0.1, nodes=2, replicas=0, persist_every_steps=5).submit()
+    storage = PosixStorage(str(tmp_path / "lost" / "ck"))
+    wait_for(lambda: run.status().step >= 12 and (storage.latest_step() or -1) >= 10, 120, "step 12, a commit")
+    assert run.status().step < 35, "the job ran past the kill's window (a commit came too late)"
     kill_node(run, 1)
     result = run.wait(progress=False, timeout_s=200)
     assert result.state == JobState.SUCCEEDED, result.reason
@@ -345,7 +349,7 @@ def test_a_lost_node_of_an_fsdp_job_without_replicas_restarts_every_worker_from_
         "".join(p.read_text() for p in Path(result.log_dir).glob("node_*.log"))))
     assert restores[1][0] == "storage" and restores[1][1] >= 10, restores  # (a commit at step 10 or later)
     assert storage_bytes_read(result) > 0
-    clean = sharded_job(tmp_path, "clean", steps=30, sleep_s=0.0, nodes=2, replicas=0).run(progress=False)
+    clean = sharded_job(tmp_path, "clean", steps=40, sleep_s=0.0, nodes=2, replicas=0).run(progress=False)
     assert clean.state == JobState.SUCCEEDED, clean.reason
     assert json.loads((tmp_path / "lost" / "final.json").read_text()) == json.loads(
         (tmp_path / "clean" / "final.json").read_text())

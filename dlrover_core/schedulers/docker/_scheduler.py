@@ -277,6 +277,9 @@ class DockerScheduler(SchedulerBackend):
             call(master.reload, "inspect the master container")
             if master.status not in ("created", "running") or time.monotonic() > deadline:
                 code = master.attrs.get("State", {}).get("ExitCode")
+                # read again: a master that exits between the read above and the inspection
+                # wrote its last words (the error) after that read
+                output = call(lambda: master.logs(), "read the master's logs")
                 tail = output.decode(errors="replace")[-2000:]
                 raise SchedulerError(f"the job master did not start (container {master.status}, exit code {code}); "
                                      f"its output ends:\n{tail}")

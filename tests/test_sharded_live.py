@@ -356,6 +356,38 @@ def test_a_lost_node_of_an_fsdp_job_without_replicas_restarts_every_worker_from_
     assert job_processes(result.job_id) == []
 
 
+@pytest.mark.timeout(300)
+def test_a_node_and_then_the_buddy_holding_its_replica_lost_restart_every_worker_from_storage(tmp_path):
+    """FSDP2 on 2 nodes with replicas (each node holds the other's): node 1 dies as a
+    machine does, and half a second later node 0 — the buddy holding node 1's replica, and
+    whose own replica was on node 1. No copy of rank 0's shard survives in memory, so the
+    second loss restarts every worker at once, saying why; the restore reads the last commit
+    (from storage where memory has nothing), and the job still ends bit-identical to a run
+    without the failures."""
+    from dlrover_core.storage.posix import PosixStorage
+
+    run = sharded_job(tmp_path, "lost", steps=40, sleep_s=0.1, nodes=2, persist_every_steps=5).submit()
+    storage = PosixStorage(str(tmp_path / "lost" / "ck"))
+    wait_for(lambda: run.status().step >= 12 and (storage.latest_step() or -1) >= 10, 120, "step 12, a commit")
+    assert run.status().step < 35, "the job ran past the kills' window (a commit came too late)"
+    kill_node(run, 1)
+    time.sleep(0.5)
+    kill_node(run, 0)
+    result = run.wait(progress=False, timeout_s=200)
+    assert result.state == JobState.SUCCEEDED, result.reason
+    lost = [f for f in result.failures if f.kind == "node_lost"]
+    assert {f.node_id for f in lost} == {0, 1}, [(f.node_id, f.kind, f.action) for f in result.failures]
+    assert result.failures[-1].recovery == "restart_all", [(f.recovery, f.action) for f in result.failures]
+    assert any("no other node holds" in f.action or "not live" in f.action for f in result.failures[1:]), [
+        f.action for f in result.failures]
+    assert storage_bytes_read(result) > 0, "rank 0's shard survived nowhere in memory: it must come from storage"
+    clean = sharded_job(tmp_path, "clean", steps=40, sleep_s=0.0, nodes=2).run(progress=False)
+    assert clean.state == JobState.SUCCEEDED, clean.reason
+    assert json.loads((tmp_path / "lost" / "final.json").read_text()) == json.loads(
+        (tmp_path / "clean" / "final.json").read_text())
+    assert job_processes(result.job_id) == []
+
+
 @pytest.mark.timeout(240)
 def test_a_state_sharded_behind_the_specs_back_restarts_every_worker_and_says_why(tmp_path, clean_digest):
     """The Job says ddp (replicated) but the script shards through ``train.prepare(parallel=

@@ -172,8 +172,8 @@ class JobMaster:
         self.recovery = Recovery(self, fleet=self.fleet, rounds=self.rounds)
         self.livework = LiveRecovery(why_not=job.live_blocker, store_host=store_host, clock=clock,
                                      event=self.event, straggler_timeout_s=_LIVE_STRAGGLER_S, sharded=job.live_sharded,
-                                     replica_groups=job.replica_groups, has_replica=lambda node_id, rank: bool(self.replicas.holders_for(
-                                         node_id, [rank], usable=lambda h: not getattr(self.nodes.get(h), "gone", True))))
+                                     replica_groups=job.replica_groups,
+                                     has_replica=lambda node_id, rank: bool(self.rounds.replica_holders(node_id, [rank])))
         self.started = clock()
         self.ended: float | None = None
         self.checkpoints = (CheckpointCoordinator(storage, keep_last=job.checkpoint.keep_last,

@@ -14,7 +14,7 @@ into a bigger one. It acts through the master's
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from dlrover_core.logging import get_logger
@@ -123,6 +123,18 @@ class Rounds:
         return {"replica_source": source, "replica_source_addr": ctx.node(source).replica_addr,
                 "replica_source_ranks": tuple(self._ranks(rnd, source))}
 
+    def replica_holders(self, node_id: int, ranks: Iterable[int]) -> list[tuple[int, int, int]]:
+        """Where the newest replica of each of ``ranks`` (run by ``node_id``) is, among the
+        holders that can still be asked (not gone, serving): ``(rank, source node, holder)``
+        (:meth:`ReplicaIndex.holders_for`); ranks without one are left out."""
+        ctx = self._ctx
+
+        def usable(holder: int) -> bool:
+            rec = ctx.nodes.get(holder)
+            return rec is not None and not rec.gone and bool(rec.replica_addr)
+
+        return ctx.replicas.holders_for(node_id, ranks, usable=usable)
+
     def _replica_fields(self, node: NodeRecord, rnd: Round) -> dict[str, Any]:
         """Whose snapshots ``node`` keeps replicas of in ``rnd``, and where its own ranks'
         replicas are (:mod:`~dlrover_core.master.replicas`); none when replicas are off."""
@@ -130,11 +142,7 @@ class Rounds:
         if not ctx.job.checkpoint.replicas_for(ctx.job.nodes.max) or not node.replica_addr:
             return {}
         fields: dict[str, Any] = dict(self.replica_source(node, rnd.index))
-        def usable(holder: int) -> bool:
-            rec = ctx.nodes.get(holder)
-            return rec is not None and not rec.gone and bool(rec.replica_addr)
-
-        holders = ctx.replicas.holders_for(node.node_id, self._ranks(rnd, node.node_id), usable=usable)
+        holders = self.replica_holders(node.node_id, self._ranks(rnd, node.node_id))
         if holders:
             fields["replica_holders"] = tuple((rank, src, ctx.node(holder).replica_addr) for rank, src, holder in holders)
         return fields

@@ -25,7 +25,7 @@ __all__ = [
     "WATCH_PID",
     "WORKER_EXEC",
     "CONSOLE_LOCAL_RANKS",
-    "STANDBY_READY_FD",
+    "STANDBY_FD",
     "LOCAL_RANK",
     "CPU_AFFINITY",
     "GC_AT_EXIT",
@@ -67,8 +67,9 @@ WORKER_EXEC = "DLROVER_WORKER_EXEC"
 #: comma-separated (``dlrover run --local-ranks-filter``, ``--redirects``); unset: all.
 #: Every rank's output is written to its ``rank_<r>.log`` either way.
 CONSOLE_LOCAL_RANKS = "DLROVER_CONSOLE_LOCAL_RANKS"
-#: In a standby's environment: the pipe it writes one byte to once it is warm
-STANDBY_READY_FD = "DLROVER_STANDBY_READY_FD"
+#: In a standby's environment: its end of the socket the agent sends worker commands on
+#: (``dlrover_core.agent.standby``)
+STANDBY_FD = "DLROVER_STANDBY_FD"
 #: In a worker: its local rank on its node, whatever ``LOCAL_RANK`` says (``dlrover run
 #: --virtual-local-rank`` makes ``LOCAL_RANK`` 0 for every worker, as torchrun's does)
 LOCAL_RANK = "DLROVER_LOCAL_RANK"

@@ -65,6 +65,7 @@ __all__ = [
     "SLURM_OUT",
     "SLURM_SCRIPT",
     "SLURM_SUBMIT",
+    "STANDBY_LOG",
     "RunDir",
     "error_file",
     "node_dir",
@@ -154,6 +155,10 @@ def node_log(node_id: int | str, attempt: int | str | None = None) -> str:
 def node_dir(node_id: int | str) -> str:
     """``node_<id>``: a node's directory (its workers' logs, stacks and rounds)."""
     return f"node_{node_id}"
+
+
+#: A node's warm standby's own output (its warm-up's warnings and errors), inside its node's directory.
+STANDBY_LOG = "standby.log"
 
 
 def round_dir(round_index: int | str) -> str:

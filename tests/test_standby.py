@@ -1,11 +1,14 @@
-"""A warm standby warms up at the lowest CPU priority, and the worker it becomes does not.
+"""A node's warm standby: a fork server whose workers behave as cold ``python`` processes.
 
-Nice 19 for the warm-up thread and, where the kernel has autogroups, for the standby's
-session: without the second, a 2-core machine's training steps ran 2x slower while two
-standbys warmed up, whatever the thread's nice value.
+Real processes: the agent's :class:`Standby` starts ``python -m dlrover_core.agent.standby``
+and asks it for workers over its socket; exit codes, output, sessions and seeds are checked
+from the outside (``/proc``, signals), as the agent sees them.
 
-Real processes: the agent's :class:`Standby` starts ``python -m dlrover_core.agent.standby``;
-the priorities are read from ``/proc`` (each thread's nice value, field 19 of its ``stat``).
+A standby started while workers train (``low_priority``) warms up at the lowest CPU
+priority: nice 19 for the warm-up thread and, where the kernel has autogroups, for the
+standby's session (without the second, a 2-core machine's training steps ran 2x slower while
+two standbys warmed up, whatever the thread's nice value); the priorities are read from
+``/proc`` (each thread's nice value, field 19 of its ``stat``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from dlrover_core.agent import standby as standby_module
-from dlrover_core.agent.workers import Standby
+from dlrover_core.agent.forkserver import Standby
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are Linux's")
 
@@ -46,7 +49,7 @@ def _thread_nices(pid: int) -> dict[int, int]:
     return out
 
 
-def test_standby_warms_up_at_nice_19_and_its_worker_runs_at_the_agents_priority(tmp_path):
+def test_a_low_priority_standby_warms_up_at_nice_19_and_its_worker_runs_at_the_agents_priority(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(
         "import os, threading\n"
@@ -57,7 +60,7 @@ def test_standby_warms_up_at_nice_19_and_its_worker_runs_at_the_agents_priority(
     )
     group_nice = _autogroup_nice()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    standby = Standby(env=env, cwd=str(tmp_path))
+    standby = Standby(env=env, cwd=str(tmp_path), low_priority=True)
     try:
         seen_low = False
         seen_low_group = group_nice is None or group_nice < 0  # lowered only where it can be set back
@@ -75,8 +78,8 @@ def test_standby_warms_up_at_nice_19_and_its_worker_runs_at_the_agents_priority(
         assert seen_low_group, "the standby's autogroup did not warm up at nice 19"
         left = _thread_nices(standby.popen.pid)  # no thread the warm-up started keeps nice 19
         assert set(left.values()) == {os.getpriority(os.PRIO_PROCESS, 0)}, left
-        proc = standby.activate(argv=[sys.executable, "-u", str(script)], env=env, cwd=str(tmp_path))
-        out = proc.stdout.read()  # its stdin is closed already: not communicate()
+        proc = standby.fork(argv=[sys.executable, "-u", str(script)], env=env, cwd=str(tmp_path))
+        out = proc.stdout.read()
         proc.wait(timeout=60)
     finally:
         standby.close()
@@ -97,3 +100,162 @@ def test_autogroup_nice_reads_the_kernels_line_and_none_where_the_session_has_no
         path.write_text(text)
     monkeypatch.setattr(standby_module, "_AUTOGROUP", str(path))
     assert standby_module._autogroup_nice() == expected
+
+
+# ----- the fork server ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def standby(tmp_path_factory):
+    """One warm standby for the tests below (warming up costs seconds of CPU)."""
+    cwd = tmp_path_factory.mktemp("standby")
+    s = Standby(env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=str(cwd), log_file=cwd / "standby.log",
+                job_id="standby-test")
+    assert s.wait_ready(180), (cwd / "standby.log").read_text()
+    yield s
+    s.close()
+
+
+def _fork(standby, tmp_path, code: str, *args: str, env: dict[str, str] | None = None):
+    script = tmp_path / f"w{time.monotonic_ns()}.py"
+    script.write_text(code)
+    return standby.fork(argv=[sys.executable, "-u", str(script), *args], env={**os.environ, **(env or {})},
+                        cwd=str(tmp_path))
+
+
+def test_a_forked_worker_runs_its_script_as_python_would(standby, tmp_path):
+    # argv, __main__, sys.path[0], the environment, the directory, stdin, its own session
+    (tmp_path / "helper_mod.py").write_text("VALUE = 42\n")
+    proc = _fork(standby, tmp_path, (
+        "import os, sys, helper_mod\n"
+        "print('argv', sys.argv[1:], __name__, os.environ['ONLY_HERE'], os.getcwd() == sys.argv[1])\n"
+        "print('value', helper_mod.VALUE, 'stdin', repr(sys.stdin.read()))\n"
+        "print('session', os.getsid(0) == os.getpid(), 'parent', os.getppid())\n"
+        "print('to stderr', file=sys.stderr)\n"
+    ), str(tmp_path), "b", env={"ONLY_HERE": "yes"})
+    out = proc.stdout.read().decode()
+    assert proc.wait(timeout=30) == 0, out
+    assert f"argv ['{tmp_path}', 'b'] __main__ yes True" in out, out
+    assert "value 42 stdin ''" in out and "to stderr" in out, out
+    assert f"session True parent {standby.pid}" in out, out
+    assert "ONLY_HERE" not in os.environ
+
+
+@pytest.mark.parametrize(("code", "expected"), [
+    ("import sys; sys.exit(3)", 3),
+    ("raise RuntimeError('boom')", 1),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", -15),
+    ("import os; os._exit(7)", 7),
+    ("pass", 0),
+])
+def test_a_forked_workers_exit_code_is_the_one_popen_would_give(standby, tmp_path, code, expected):
+    proc = _fork(standby, tmp_path, code)
+    out = proc.stdout.read().decode()
+    assert proc.wait(timeout=30) == expected, out
+    assert proc.poll() == expected
+    if expected == 1:
+        assert "RuntimeError: boom" in out, out
+
+
+def test_forked_workers_draw_their_own_random_numbers_as_cold_processes_do(standby, tmp_path):
+    code = "import random, numpy, torch\nprint(torch.rand(1).item(), numpy.random.rand(), random.random())\n"
+    outs = []
+    for _ in range(3):
+        proc = _fork(standby, tmp_path, code)
+        outs.append(proc.stdout.read().decode().split())
+        assert proc.wait(timeout=30) == 0, outs[-1]
+    for column in range(3):
+        assert len({o[column] for o in outs}) == 3, outs
+
+
+def test_a_module_and_a_command_run_as_with_python_m_and_c(standby, tmp_path):
+    # as ``python -m``: sys.argv[0] is the module's file
+    (tmp_path / "pkg_mod_x.py").write_text("import os, sys\nprint('module', __name__, os.path.basename(sys.argv[0]), sys.argv[1:])\n")
+    proc = standby.fork(argv=[sys.executable, "-u", "-m", "pkg_mod_x", "a"], env={**os.environ, "PYTHONPATH": str(tmp_path)},
+                        cwd=str(tmp_path))
+    out = proc.stdout.read().decode()
+    assert proc.wait(timeout=30) == 0 and "module __main__ pkg_mod_x.py ['a']" in out, out
+    proc = standby.fork(argv=[sys.executable, "-c", "import sys; print('command', __name__, sys.argv)", "z"],
+                        env=dict(os.environ), cwd=str(tmp_path))
+    out = proc.stdout.read().decode()
+    assert proc.wait(timeout=30) == 0 and "command __main__ ['-c', 'z']" in out, out
+
+
+@pytest.mark.slow
+def test_a_standby_that_dies_takes_its_workers_with_it_and_they_read_minus_9(tmp_path):
+    s = Standby(env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=str(tmp_path))
+    try:
+        assert s.wait_ready(180)
+        procs = [_fork(s, tmp_path, "import time; print('up', flush=True); time.sleep(300)") for _ in range(2)]
+        for p in procs:
+            assert p.stdout.readline() == b"up\n"
+        os.kill(s.pid, 9)
+        for p in procs:
+            assert p.wait(timeout=10) == -9
+            assert not Path(f"/proc/{p.pid}").exists() or "Z" in Path(f"/proc/{p.pid}/stat").read_text().split(")")[1][:3]
+        assert not s.alive()
+    finally:
+        s.close()
+
+
+def test_closing_a_standby_ends_it_and_what_it_forked(tmp_path):
+    s = Standby(env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=str(tmp_path))
+    s.close()  # while it warms up: killed
+    assert s.popen.returncode is not None
+    s = Standby(env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=str(tmp_path))
+    assert s.wait_ready(180)
+    proc = _fork(s, tmp_path, "import time; print('up', flush=True); time.sleep(300)")
+    assert proc.stdout.readline() == b"up\n"
+    s.close()  # warm: it reads the closed socket and exits, its worker with it
+    assert s.popen.returncode == 0
+    assert proc.wait(timeout=10) == -9
+
+
+@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow)])
+def test_stress_random_forks_exits_and_kills_from_two_threads_give_each_worker_its_own_exit_code(
+        standby, tmp_path, seed):
+    """Two agent threads fork workers while a third kills random ones; every worker's
+    reported exit code is its own (its exit code, or minus the signal that killed it), its
+    output is whole, and none is left running or unreaped."""
+    import random
+    import threading
+
+    rng = random.Random(seed)
+    plans = [(rng.randrange(0, 5), rng.uniform(0, 0.3), rng.random() < 0.3) for _ in range(16)]
+    script = tmp_path / "w.py"
+    script.write_text("import sys, time\ntime.sleep(float(sys.argv[2]))\nprint('done', sys.argv[1], flush=True)\n"
+                      "sys.exit(int(sys.argv[1]))\n")
+    results: dict[int, tuple] = {}
+    lock = threading.Lock()
+
+    def forker(part: list[int]) -> None:
+        for i in part:
+            code, sleep_s, kill = plans[i]
+            proc = standby.fork(argv=[sys.executable, "-u", str(script), str(code), str(sleep_s if not kill else 30)],
+                                env=dict(os.environ), cwd=str(tmp_path))
+            with lock:
+                results[i] = (proc, kill)
+            time.sleep(rng.uniform(0, 0.05))
+
+    threads = [threading.Thread(target=forker, args=(list(range(k, len(plans), 2)),)) for k in range(2)]
+    for t in threads:
+        t.start()
+    killed = set()
+    while any(t.is_alive() for t in threads) or len(killed) < sum(k for _, _, k in plans):
+        with lock:
+            targets = [(i, p) for i, (p, kill) in results.items() if kill and i not in killed]
+        for i, p in targets:
+            os.kill(p.pid, rng.choice([9, 15]))
+            killed.add(i)
+        time.sleep(0.01)
+    for t in threads:
+        t.join()
+    for i, (proc, kill) in results.items():
+        code = proc.wait(timeout=60)
+        out = proc.stdout.read().decode()
+        if kill:
+            assert code in (-9, -15), (i, code, out)
+        else:
+            assert code == plans[i][0] and out == f"done {plans[i][0]}\n", (i, code, out)
+    children = Path(f"/proc/{standby.pid}/task/{standby.pid}/children").read_text().split()
+    assert children == [], children  # every worker reaped

@@ -49,11 +49,12 @@ import attrs
 
 from dlrover_core import env as env_names
 from dlrover_core import rundir
+from dlrover_core.agent.forkserver import Standby, StandbyGone
 from dlrover_core.agent.hang import PEER_DUMP_GRACE_S, HangWatcher
 from dlrover_core.agent.launch import worker_argv, worker_env
 from dlrover_core.agent.progress import ProgressTail, exception_from_error_file, exception_from_output
 from dlrover_core.agent.replicas import NodeReplicas
-from dlrover_core.agent.workers import Standby, WorkerProcess, kill_trees
+from dlrover_core.agent.workers import WorkerProcess, kill_trees
 from dlrover_core.checkpoint.saver import CheckpointSaver
 from dlrover_core.checkpoint.shm import node_prefix, remove_segments
 from dlrover_core.control_plane import OMP_NUM_THREADS, omp_num_threads
@@ -101,6 +102,9 @@ _HANG_CONFIRM_S = 2.0
 #: After a worker raised before its first step, how long its node's other workers get to
 #: raise the same (seconds).
 _SIBLING_ERROR_WAIT_S = 3.0
+#: How long the first workers wait for the node's standby to finish its imports (seconds):
+#: they would do the same imports themselves, so waiting costs nothing unless it hangs.
+_STANDBY_READY_TIMEOUT_S = 300.0
 
 
 def _fresh(path: Path) -> Path:
@@ -177,7 +181,8 @@ class ElasticAgent:
         self._fenced = threading.Event()
         self._master_lost = threading.Event()  # no heartbeat reached the master for its timeout
         client.give_up_when(self._master_lost)  # (a call in flight then ends, not after its retries)
-        self._standbys: list[Standby] = []
+        self._standby: Standby | None = None  # the node's warm fork server (Failure.warm_restart)
+        self._standby_failed = False  # a standby died before it was warm: start workers cold
         self.replicas: NodeReplicas | None = None  # snapshot replicas (Checkpoint.replicas)
         self._breakpoint_due: float | None = None  # monotonic deadline of a pending breakpoint save
         self._storage = storage
@@ -269,8 +274,8 @@ class ElasticAgent:
             self.saver.start()
         self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="dlrover-heartbeat", daemon=True)
         self._hb_thread.start()
-        # no standbys yet: they would import torch beside the first workers (and the master),
-        # slowing the start they exist to speed up; they are made once workers report steps
+        # the standby imports torch while this agent waits for its peers; it forks every worker
+        self._start_standby(low_priority=False)
         try:
             while not self._stop.is_set():
                 world = self._rendezvous()
@@ -296,9 +301,9 @@ class ElasticAgent:
         with self._state_lock:
             self._round = None
         self._stop_workers()
-        for standby in self._standbys:
-            standby.close()
-        self._standbys = []
+        if self._standby is not None:
+            self._standby.close()
+            self._standby = None
         if self.saver is not None:
             # the job ends before workers came back, or a signal (preemption, time limit,
             # requeue, cancel) stops this node: persist what memory holds
@@ -488,9 +493,7 @@ class ElasticAgent:
             ), "DLROVER_STACK_FILE": str(self.hangs.stack_file(world.round, rank))}
             if world.live_join:  # the round runs on without this node: its workers join it live
                 env[env_names.LIVE_JOIN] = "1"
-            standby = self._take_standby()
-            worker = WorkerProcess(rank=rank, local_rank=local_rank, argv=argv, env=env, cwd=self.job.workdir,
-                                   log_file=self.node_dir / rundir.rank_log(rank), echo=self.echo, standby=standby)
+            worker = self._new_worker(rank=rank, local_rank=local_rank, argv=argv, env=env)
             self.workers.append(worker)
             self._tails[rank] = ProgressTail(progress, started=time.monotonic(), error_file=error_file)
         if self.saver is not None:
@@ -514,25 +517,54 @@ class ElasticAgent:
         env.update(self.job.env)
         return env
 
-    def _fill_standbys(self) -> None:
-        """Keep ``nproc`` warm standbys (Failure.warm_restart)."""
-        if not self.job.failure.warm_restart:
+    def _start_standby(self, *, low_priority: bool) -> None:
+        """Start the node's standby (Failure.warm_restart; none for ``--no-python``, whose
+        entrypoint is not Python, or after one died warming up: it would again)."""
+        if (not self.job.failure.warm_restart or os.environ.get(env_names.WORKER_EXEC) == "1"
+                or self._standby_failed or self._stop.is_set()):
             return
-        self._standbys = [s for s in self._standbys if s.alive()]
-        while len(self._standbys) < self.nproc:
-            self._standbys.append(Standby(env=self._standby_env(), cwd=self.job.workdir))
+        self._standby = Standby(env=self._standby_env(), cwd=self.job.workdir, job_id=self.job_id,
+                                log_file=self.node_dir / rundir.STANDBY_LOG, low_priority=low_priority)
+        log.debug("standby_started", node_id=self.node_id, pid=self._standby.pid, low_priority=low_priority)
+
+    def _keep_standby(self) -> None:
+        """Start a new standby where the node's one died after it was warm (at nice 19: the
+        workers run now)."""
+        if self._standby is not None and not self._standby.alive():
+            warm = self._standby.warmed
+            log.warning("standby_exited", node_id=self.node_id, pid=self._standby.pid,
+                        exit_code=self._standby.popen.poll(), warm=warm,
+                        log=str(self.node_dir / rundir.STANDBY_LOG))
+            self._standby.close()
+            self._standby = None
+            self._standby_failed = not warm
+            self._start_standby(low_priority=True)
 
     def _take_standby(self) -> Standby | None:
-        """A warm standby, if one is ready (one still warming up would start the worker later
-        than a fresh process: it stays for a later start). None for ``--no-python``."""
-        if os.environ.get(env_names.WORKER_EXEC) == "1":
+        """The node's standby, once it is ready: the first one (started with the agent) is
+        waited for, as the workers would import the same themselves; one restarted at low
+        priority is not (a fresh process starts sooner)."""
+        standby = self._standby
+        if standby is None:
             return None
-        self._standbys = [s for s in self._standbys if s.alive()]
-        for standby in self._standbys:
-            if standby.ready():
-                self._standbys.remove(standby)
-                return standby
-        return None
+        if not standby.low_priority and not standby.ready():
+            standby.wait_ready(_STANDBY_READY_TIMEOUT_S, self._stop)
+        if not standby.ready():
+            self._keep_standby()
+            return None
+        return standby
+
+    def _new_worker(self, *, rank: int, local_rank: int, argv: list[str], env: dict[str, str]) -> WorkerProcess:
+        """Start a worker: forked by the node's standby when it is ready, a fresh process otherwise."""
+        kwargs = {"rank": rank, "local_rank": local_rank, "argv": argv, "env": env, "cwd": self.job.workdir,
+                  "log_file": self.node_dir / rundir.rank_log(rank), "echo": self.echo}
+        standby = self._take_standby() if argv[0] == sys.executable else None  # (its interpreter only)
+        if standby is not None:
+            try:
+                return WorkerProcess(**kwargs, standby=standby)
+            except StandbyGone as exc:
+                log.warning("standby_fork_failed", node_id=self.node_id, rank=rank, error=str(exc))
+        return WorkerProcess(**kwargs)
 
     # ----- hangs (dlrover_core.agent.hang) ----------------------------------------------------
 
@@ -663,8 +695,8 @@ class ElasticAgent:
                 return self._on_hang(round_index, hung)
             started = all(t.last_step >= 0 for t in self._tails.values())
             self._breakpoint_tick(restored=started)
-            if self.job.failure.warm_restart and len(self._standbys) < self.nproc and started:
-                self._fill_standbys()  # workers are past their start: prepare the next ones
+            if started:
+                self._keep_standby()
             if not reported_success and all(c == 0 for _, c in codes):
                 for w in self.workers:
                     w.join_output()
@@ -777,9 +809,7 @@ class ElasticAgent:
                 master_addr=self.client.addr, accelerator=self.accelerator, progress_file=str(progress),
                 log_dir=str(self.log_dir), agent_pid=os.getpid(), agent_token=self.token, error_file=str(error_file),
             ), "DLROVER_STACK_FILE": str(self.hangs.stack_file(world.round, rank)), env_names.LIVE_JOIN: "1"}
-            worker = WorkerProcess(rank=rank, local_rank=local_rank, argv=argv, env=env, cwd=self.job.workdir,
-                                   log_file=self.node_dir / rundir.rank_log(rank), echo=self.echo,
-                                   standby=self._take_standby())
+            worker = self._new_worker(rank=rank, local_rank=local_rank, argv=argv, env=env)
             with self._state_lock:
                 self.workers[self.workers.index(old)] = worker
                 # a replacement: its node's step times still tell the hang timeout, and once it

@@ -1,37 +1,47 @@
-"""``python -m dlrover_core.agent.standby``: a warm spare worker.
+"""``python -m dlrover_core.agent.standby``: a node's warm standby, a fork server for its workers.
 
-The agent keeps standby processes that have already imported what workers need (torch,
-numpy, safetensors, ``dlrover_core.train``, the plugin host). When workers (re)start, a standby receives one
-line of JSON on stdin — ``{"argv": [...], "env": {...}, "cwd": "..."}``, the exact command
-and environment a cold worker would get — takes that environment and working directory, and
-runs the entrypoint in-process as ``python`` would (``runpy``, ``__main__``, ``sys.argv``,
-``sys.path[0]``). The replacement worker so skips starting Python and importing torch
-(about a second on this kind of machine).
+The agent starts one per node when it starts (:class:`dlrover_core.agent.forkserver.Standby`,
+where the wire is described). It imports what workers need (torch, numpy, safetensors,
+``dlrover_core.train``, the plugin host, what a first optimizer step loads), says it is
+ready, and then forks a worker for each request: the child takes the request's environment
+and working directory, its own session, the output pipe the agent sent, and runs the
+entrypoint in-process as ``python`` would (``runpy``, ``__main__``, ``sys.argv``,
+``sys.path[0]``). A worker so skips starting Python and importing torch, and a node pays
+for the imports once, not once per worker and per restart. The standby reaps its children
+and reports each exit code to the agent.
 
-The warm-up runs at the lowest CPU priority (nice 19, for its thread and, where the kernel
-groups processes by session, for the standby's session; see :func:`_preload_at_low_priority`):
-on a node whose cores the workers keep busy, a standby waits for idle CPU instead of slowing
-the training it stands by for. Then the priority is back to what the agent started it with,
-for the worker it becomes. Where idle CPU is scarce the standby is ready later, and a
-restart before that starts a fresh process, as without standbys.
+A standby started while workers train on the node (the first one died) warms up at the
+lowest CPU priority (``--low-priority``: nice 19, for its thread and, where the kernel
+groups processes by session, for the standby's session; see
+:func:`_preload_at_low_priority`), so it waits for idle CPU instead of slowing the training.
+The first one warms up at the agent's priority while the agent registers and rendezvouses:
+it does what the first workers would do first anyway.
 
 Caveats: variables read when a library is imported (OpenMP's ``OMP_NUM_THREADS``) take the
-standby's value, which the agent sets to the workers' one; the process title stays this
-module's.
+standby's value, which the agent sets to the workers' one; a worker's process title and
+``/proc/<pid>/environ`` stay the standby's (its ``os.environ`` is the worker's). Nothing here
+touches an accelerator: a forked CUDA context would be unusable in the child.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import ctypes
+import gc
 import os
 import runpy
+import select
+import signal
+import socket
 import sys
 import threading
+import types
+from typing import Any
 
 import dlrover_core.train  # noqa: F401  (what workers import, before they are needed)
 from dlrover_core.accelerators.numa import parse_cpu_ranges
-from dlrover_core.env import CPU_AFFINITY, STANDBY_READY_FD
+from dlrover_core.agent.forkserver import recv_request, send_event
+from dlrover_core.env import CPU_AFFINITY, STANDBY_FD
 from dlrover_core.plugins import get_host, reset_host
 from dlrover_core.train.progress import install_excepthook
 
@@ -127,12 +137,20 @@ def _preload_at_low_priority() -> None:
 
 
 def _run(argv: list[str]) -> None:
+    """Run ``python [-u] script|-m module|-c code [args]`` in this process, as ``python`` would."""
     args = argv[1:]  # drop the interpreter
     while args and args[0] == "-u":
         args = args[1:]
-    if args and args[0] == "-m":
+    if args and args[0] == "-c":
+        sys.argv = ["-c", *args[2:]]
+        sys.path[0] = ""
+        main = types.ModuleType("__main__")
+        sys.modules["__main__"] = main
+        exec(compile(args[1], "<string>", "exec"), main.__dict__)
+    elif args and args[0] == "-m":
         module, rest = args[1], args[2:]
         sys.argv = [module, *rest]
+        sys.path[0] = os.getcwd()
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     else:
         script, rest = args[0], args[1:]
@@ -157,38 +175,127 @@ def _bind_cpus() -> None:
                 os.sched_setaffinity(int(tid), cpus)
 
 
-def _say_ready() -> None:
-    """One byte on the agent's pipe: warm now (the agent prefers a fresh process before)."""
-    fd = int(os.environ.pop(STANDBY_READY_FD, "-1"))
-    if fd >= 0:
+def _serve(sock: socket.socket) -> tuple[dict[str, Any], int] | None:
+    """Fork a worker for each request on ``sock`` and report its pid, reap the workers and
+    report their exit codes, until the agent closes the socket or dies.
+
+    Returns:
+        In a forked worker, its request and output fd; in the standby, None (time to exit).
+    """
+    agent = os.getppid()
+    wake_r, wake_w = os.pipe()  # SIGCHLD wakes the select (signal.set_wakeup_fd)
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    try:
+        while True:
+            readable, _, _ = select.select([sock, wake_r], [], [], 1.0)
+            if os.getppid() != agent:
+                return None  # (its workers die with it: PR_SET_PDEATHSIG)
+            if wake_r in readable:
+                with contextlib.suppress(BlockingIOError):
+                    while os.read(wake_r, 512):
+                        pass
+            _reap(sock)
+            if sock not in readable:
+                continue
+            request = recv_request(sock)
+            if request is None:
+                return None
+            spec, out_fd = request
+            try:
+                pid = os.fork()
+            except OSError as exc:
+                os.close(out_fd)
+                send_event(sock, event="started", pid=None, error=str(exc))
+                continue
+            if pid == 0:  # the worker: nothing of the server stays open in it
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                signal.set_wakeup_fd(-1)
+                for fd in (wake_r, wake_w):
+                    os.close(fd)
+                sock.close()
+                return spec, out_fd
+            os.close(out_fd)
+            send_event(sock, event="started", pid=pid)
+    except (OSError, ValueError) as exc:  # the agent is gone, or a request this wire does not know
+        print(f"dlrover standby: stopping: {exc!r}", file=sys.stderr, flush=True)
+        return None
+
+
+def _reap(sock: socket.socket) -> None:
+    """Reap every exited worker and report its exit code (``-N``: killed by signal N)."""
+    while True:
         try:
-            os.write(fd, b"1")
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        send_event(sock, event="exited", pid=pid, returncode=os.waitstatus_to_exitcode(status))
 
 
-def main() -> None:
-    _preload_at_low_priority()
-    _say_ready()
-    line = sys.stdin.readline()
-    if not line:  # the agent closed the pipe without a job: not needed any more
-        return
-    spec = json.loads(line)
+def _detach(out_fd: int, standby: int) -> None:
+    """In a just-forked worker: its own session (so its tree can be signalled), death with
+    the standby (``PR_SET_PDEATHSIG``, then exit if the standby is already gone), stdin from
+    ``/dev/null``, stdout and stderr to the agent's pipe."""
+    os.setsid()
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != standby:
+            os._exit(1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(out_fd, 1)
+    os.dup2(out_fd, 2)
+    os.close(out_fd)
+
+
+def _become_worker(spec: dict[str, Any]) -> None:
+    """Take the worker's environment, directory, CPUs and threads; run its entrypoint."""
     if any(os.environ.get(k) != spec["env"].get(k) for k in _HOST_VARIABLES):
         reset_host()  # the worker selects other plugins than this standby loaded
+    paths = spec["env"].get("PYTHONPATH", "")
+    if paths != os.environ.get("PYTHONPATH", ""):  # where python puts them at start: after sys.path[0]
+        sys.path[1:1] = [p for p in paths.split(os.pathsep) if p and p not in sys.path]
     os.environ.clear()
     os.environ.update(spec["env"])
     os.chdir(spec["cwd"])
     _bind_cpus()
+    import numpy  # heavy (imported by _preload already)
+    import torch  # heavy (imported by _preload already)
+
+    # the random generators a fresh interpreter seeds from the OS's entropy at start: each
+    # worker its own, not the standby's (``random`` reseeds itself at fork)
+    torch.seed()
+    numpy.random.seed()
     threads = os.environ.get("OMP_NUM_THREADS")
     if threads:
-        import torch  # heavy (imported by _preload already)
-
         torch.set_num_threads(int(threads))
     install_excepthook()  # an exception at import of the entrypoint is recorded for the master too
     _run(spec["argv"])
+
+
+def main() -> None:
+    sock = socket.socket(fileno=int(os.environ.pop(STANDBY_FD)))
+    if "--low-priority" in sys.argv[1:]:
+        _preload_at_low_priority()
+    else:
+        _preload()
+    # what is alive now stays alive in every worker: out of the collector's way (its passes
+    # would touch, and so copy, every page of it; at exit they cost a forked worker 1.2 s of
+    # CPU here, 0.5 s frozen). The fork-server use ``gc.freeze`` was made for (its docs).
+    gc.freeze()
+    standby = os.getpid()
+    send_event(sock, event="ready")
+    forked = _serve(sock)
+    if forked is None:
+        return
+    spec, out_fd = forked
+    _detach(out_fd, standby)
+    _become_worker(spec)
 
 
 if __name__ == "__main__":

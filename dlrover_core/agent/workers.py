@@ -2,101 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
-from dlrover_core.env import CONSOLE_LOCAL_RANKS, CPU_AFFINITY, NODE_ID, STANDBY_READY_FD
+from dlrover_core.agent.forkserver import ForkedProcess, Standby, launcher
+from dlrover_core.env import CONSOLE_LOCAL_RANKS, NODE_ID
 from dlrover_core.logging import as_record, json_mode, write_record
 from dlrover_core.proctree import kill_trees as _kill_trees
 
-__all__ = ["Standby", "WorkerProcess", "kill_trees"]
-
-# Runs in the child before exec: die with the agent (PR_SET_PDEATHSIG = 1), and exit if the
-# agent is already gone (the race between fork and prctl); bind it to the CPUs in
-# DLROVER_CPU_AFFINITY ("0-7,16-23", --numa-binding) if set, which the program exec'd and every
-# thread it starts inherit (what `numactl --physcpubind`, torchrun's way, does). A tiny
-# interpreter start instead of preexec_fn, which is unsafe in a process with threads.
-_PDEATHSIG_EXEC = (
-    "import ctypes,os,signal,sys;"
-    "ctypes.CDLL(None,use_errno=True).prctl(1,signal.SIGKILL,0,0,0);"
-    "os.getppid()==int(sys.argv[1]) or os._exit(1);"
-    f"a=os.environ.get({CPU_AFFINITY!r});"
-    "a and os.sched_setaffinity(0,{c for p in a.split(',') for c in range(int(p.split('-')[0]),int(p.split('-')[-1])+1)});"
-    "os.execvp(sys.argv[2],sys.argv[2:])"
-)
-
-
-def _launcher() -> list[str]:
-    if sys.platform == "linux":
-        return [sys.executable, "-S", "-c", _PDEATHSIG_EXEC, str(os.getpid())]
-    return []
-
-
-class Standby:
-    """A warm spare worker (:mod:`dlrover_core.agent.standby`): started now, it imports what
-    workers need and waits; :meth:`activate` turns it into a worker."""
-
-    def __init__(self, *, env: dict[str, str], cwd: str) -> None:
-        self._ready_r, ready_w = os.pipe()
-        try:
-            self.popen = subprocess.Popen(
-                [*_launcher(), sys.executable, "-u", "-m", "dlrover_core.agent.standby"],
-                env={**env, STANDBY_READY_FD: str(ready_w)}, cwd=cwd, pass_fds=(ready_w,),
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-        finally:
-            os.close(ready_w)
-        os.set_blocking(self._ready_r, False)
-        self._ready = False
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def ready(self) -> bool:
-        """Whether it finished warming up (imports, a first step): activated before that, it
-        would start the worker later than a fresh process would."""
-        if not self._ready:
-            with contextlib.suppress(BlockingIOError, OSError):
-                self._ready = os.read(self._ready_r, 1) == b"1"
-        return self._ready
-
-    def activate(self, *, argv: Sequence[str], env: dict[str, str], cwd: str) -> subprocess.Popen:
-        """Hand the standby its worker command; returns its process (now the worker)."""
-        assert self.popen.stdin is not None
-        self.popen.stdin.write((json.dumps({"argv": list(argv), "env": env, "cwd": cwd}) + "\n").encode())
-        self.popen.stdin.close()
-        self._close_pipe()
-        return self.popen
-
-    def _close_pipe(self) -> None:
-        with contextlib.suppress(OSError):
-            os.close(self._ready_r)
-
-    def close(self) -> None:
-        """Retire an unused standby: closing its stdin makes a warm one exit; one still
-        warming up reads stdin only once warm, so it is killed (it holds nothing yet)."""
-        ready = self.ready()
-        self._close_pipe()
-        with contextlib.suppress(OSError, ValueError):
-            if self.popen.stdin is not None:
-                self.popen.stdin.close()
-        if not ready:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGKILL)
-        try:
-            self.popen.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
+__all__ = ["WorkerProcess", "kill_trees"]
 
 
 def _on_console(local_rank: int) -> bool:
@@ -113,7 +32,10 @@ class WorkerProcess:
 
     The worker runs in its own session (process group), so the whole tree it forks can be
     signalled, and it is killed by the kernel if the agent dies (``PR_SET_PDEATHSIG``).
-    With ``standby`` the worker is that warm process, activated with this command.
+    With ``standby`` the node's warm standby forks it (:mod:`dlrover_core.agent.forkserver`).
+
+    Raises:
+        StandbyGone: the standby could not fork it (the caller starts it without one).
     """
 
     def __init__(
@@ -132,11 +54,12 @@ class WorkerProcess:
         self.local_rank = local_rank
         self.log_file = log_file
         self.warm = standby is not None
+        self.popen: subprocess.Popen | ForkedProcess
         if standby is not None:
-            self.popen = standby.activate(argv=argv, env=env, cwd=cwd)
+            self.popen = standby.fork(argv=argv, env=env, cwd=cwd)
         else:
             self.popen = subprocess.Popen(
-                [*_launcher(), *argv], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                [*launcher(), *argv], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
             )
         self.pid = self.popen.pid

@@ -259,3 +259,45 @@ def test_stress_random_forks_exits_and_kills_from_two_threads_give_each_worker_i
             assert code == plans[i][0] and out == f"done {plans[i][0]}\n", (i, code, out)
     children = Path(f"/proc/{standby.pid}/task/{standby.pid}/children").read_text().split()
     assert children == [], children  # every worker reaped
+
+
+# ----- in a job -------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_job_whose_standby_is_killed_goes_on_and_its_node_gets_a_new_standby(tmp_path):
+    """The standby of a running 1-node job is SIGKILLed: its workers die with it (they are its
+    children), the agent reports the failure and restarts them — cold, as no standby is warm
+    — and starts a new standby at nice 19; the job ends SUCCEEDED within its restart budget
+    and leaves no process behind."""
+    import json
+    import signal
+
+    from helpers import SCRIPTS, job_processes
+
+    from dlrover_core import Checkpoint, Failure, Job, JobState, Nodes
+
+    job = Job(name="standby-killed", entrypoint=str(SCRIPTS / "tiny_train.py"),
+              args=["--steps", "60", "--step-sleep", "0.1"], nodes=Nodes(min=1, max=1, nproc_per_node=2),
+              accelerator="cpu", log_dir=str(tmp_path / "runs"),
+              checkpoint=Checkpoint(dir=str(tmp_path / "ck"), persist_every_steps=10),
+              failure=Failure(max_restarts=1, stop_grace_s=5))
+    run = job.submit()
+    try:
+        deadline = time.monotonic() + 150
+        while run.status().step < 10:
+            assert time.monotonic() < deadline, "the job never reached step 10"
+            time.sleep(0.2)
+        agent = json.loads((Path(run.handle.log_dir) / "handle.json").read_text())["agents"]["node-0"]
+        (standby,) = [int(p) for p in Path(f"/proc/{agent}/task/{agent}/children").read_text().split()
+                      if "dlrover_core.agent.standby" in Path(f"/proc/{p}/cmdline").read_text()]
+        os.kill(standby, signal.SIGKILL)
+    finally:
+        result = run.wait(progress=False, timeout_s=200)
+    assert result.state == JobState.SUCCEEDED, result.reason
+    assert result.restarts == 1 and result.final_step == 59
+    node_log = next(Path(result.log_dir).glob("node_0*.log")).read_text()
+    assert "standby_exited" in node_log, node_log[-3000:]
+    assert "warm=[False, False]" in node_log or "warm=False" in node_log, node_log[-3000:]
+    assert job_processes(result.job_id) == []

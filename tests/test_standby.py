@@ -181,6 +181,22 @@ def test_a_module_and_a_command_run_as_with_python_m_and_c(standby, tmp_path):
     assert proc.wait(timeout=30) == 0 and "command __main__ ['-c', 'z']" in out, out
 
 
+def test_a_fork_answered_after_its_request_gave_up_is_killed_not_adopted(standby, tmp_path, monkeypatch):
+    from dlrover_core.agent import forkserver
+    from dlrover_core.agent.forkserver import StandbyGone
+
+    monkeypatch.setattr(forkserver, "_FORK_TIMEOUT_S", 0.0)  # the answer always comes too late
+    with pytest.raises(StandbyGone, match="did not fork"):
+        _fork(standby, tmp_path, "import time; time.sleep(300)")
+    monkeypatch.undo()
+    proc = _fork(standby, tmp_path, "print('mine', flush=True)")  # the next request gets its own worker
+    assert proc.stdout.read() == b"mine\n" and proc.wait(timeout=30) == 0
+    deadline = time.monotonic() + 30
+    while children := Path(f"/proc/{standby.pid}/task/{standby.pid}/children").read_text().split():
+        assert time.monotonic() < deadline, f"the late worker still runs: {children}"
+        time.sleep(0.05)
+
+
 @pytest.mark.slow
 def test_a_standby_that_dies_takes_its_workers_with_it_and_they_read_minus_9(tmp_path):
     s = Standby(env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=str(tmp_path))

@@ -12,12 +12,13 @@ The wire, over a Unix socket pair (``socketpair(2)``):
 
 - agent → standby: one request per worker, a 5-byte header ``b"F" + len`` (big-endian
   ``uint32``) that carries the write end of the worker's output pipe (``SCM_RIGHTS``,
-  :func:`socket.send_fds`), then ``len`` bytes of JSON ``{"argv", "env", "cwd"}``: the exact
-  command, environment and directory a cold worker would get. Closing the socket retires the
-  standby.
+  :func:`socket.send_fds`), then ``len`` bytes of JSON ``{"id", "argv", "env", "cwd"}``: the
+  request's number and the exact command, environment and directory a cold worker would
+  get. Closing the socket retires the standby.
 - standby → agent: JSON lines, ``{"event": "ready"}`` once warm, ``{"event": "started",
-  "pid"}`` after each fork, ``{"event": "exited", "pid", "returncode"}`` when it reaps a
-  worker (``returncode`` as :class:`subprocess.Popen`'s: ``-N`` for a signal).
+  "id", "pid"}`` after each fork, ``{"event": "exited", "pid", "returncode"}`` when it reaps a
+  worker (``returncode`` as :class:`subprocess.Popen`'s: ``-N`` for a signal). An answer
+  that comes after its request gave up is not adopted: that worker is killed.
 
 The forked workers are the standby's children, not the agent's: :class:`ForkedProcess`
 gives the agent the :class:`subprocess.Popen` calls it uses (``pid``, ``stdout``, ``poll``,
@@ -31,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import queue
 import signal
 import socket
 import struct
@@ -209,11 +209,13 @@ class Standby:
                 out.close()
         self.pid = self.popen.pid
         self._sock = ours
-        self._request_lock = threading.Lock()  # one fork request at a time
-        self._started: queue.Queue[int | None] = queue.Queue()
-        self._exits = threading.Condition()
-        self._codes: dict[int, int] = {}  # worker pid -> exit code (guarded by _exits)
-        self._forked: set[int] = set()  # pids of workers not reaped yet (guarded by _exits)
+        self._request_lock = threading.Lock()  # one request on the socket at a time
+        self._exits = threading.Condition()  # guards the tables below
+        self._requests = 0  # the last request's number
+        self._answers: dict[int, int | None] = {}  # request number -> the pid forked (None: failed)
+        self._abandoned: set[int] = set()  # requests that gave up waiting: their late worker is killed
+        self._codes: dict[int, int] = {}  # worker pid -> exit code
+        self._forked: set[int] = set()  # pids of workers not reaped yet
         self._ready = threading.Event()
         self._gone = threading.Event()
         self._reader = threading.Thread(target=self._read_events, name="dlrover-standby-events", daemon=True)
@@ -255,10 +257,13 @@ class Standby:
         if not self.ready():
             raise StandbyGone("the standby is not ready")
         read_end, write_end = os.pipe()
-        # the worker watches its parent, the standby (``dlrover_core.train.process_group``)
-        payload = json.dumps({"argv": list(argv), "env": {**env, WATCH_PID: str(self.pid)}, "cwd": cwd}).encode()
         try:
             with self._request_lock:
+                self._requests += 1
+                number = self._requests
+                # the worker watches its parent, the standby (``dlrover_core.train.process_group``)
+                payload = json.dumps({"id": number, "argv": list(argv), "env": {**env, WATCH_PID: str(self.pid)},
+                                      "cwd": cwd}).encode()
                 try:
                     socket.send_fds(self._sock, [_HEADER.pack(b"F", len(payload))], [write_end])
                     self._sock.sendall(payload)
@@ -266,16 +271,18 @@ class Standby:
                     raise StandbyGone(f"the standby's socket is closed: {exc}") from exc
                 finally:
                     os.close(write_end)
-                try:
-                    pid = self._started.get(timeout=_FORK_TIMEOUT_S)
-                except queue.Empty:
-                    pid = None
+            with self._exits:
+                self._exits.wait_for(lambda: number in self._answers or self._gone.is_set(), _FORK_TIMEOUT_S)
+                pid = self._answers.pop(number, None)
+                if pid is None:
+                    self._abandoned.add(number)
         except BaseException:
             os.close(read_end)
             raise
         if pid is None:
             os.close(read_end)
-            raise StandbyGone("the standby exited before it forked the worker")
+            raise StandbyGone("the standby did not fork the worker (it exited, could not fork, or took over "
+                              f"{_FORK_TIMEOUT_S:.0f} s)")
         return ForkedProcess(pid=pid, stdout=os.fdopen(read_end, "rb"), standby=self)
 
     def returncode(self, pid: int) -> int | None:
@@ -300,9 +307,7 @@ class Standby:
                     if kind == "ready":
                         self._ready.set()
                     elif kind == "started":
-                        with self._exits:
-                            self._forked.add(int(event["pid"]))
-                        self._started.put(int(event["pid"]))
+                        self._on_started(int(event["id"]), event.get("pid"))
                     elif kind == "exited":
                         with self._exits:
                             self._forked.discard(int(event["pid"]))
@@ -312,12 +317,26 @@ class Standby:
             pass
         self._on_gone()
 
+    def _on_started(self, number: int, pid: int | None) -> None:
+        with self._exits:
+            if number in self._abandoned:  # its request gave up: nobody runs this worker
+                self._abandoned.discard(number)
+                if pid is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                    log.warning("standby_late_worker_killed", standby_pid=self.pid, pid=pid)
+                return
+            if pid is not None:
+                self._forked.add(pid)
+            self._answers[number] = pid
+            self._exits.notify_all()
+
     def _on_gone(self) -> None:
         """The standby exited: the kernel kills its workers (``PR_SET_PDEATHSIG``); they
         end with ``-9`` once they are gone (the standby cannot report them any more)."""
-        self._gone.set()
-        self._started.put(None)
         with self._exits:
+            self._gone.set()
+            self._exits.notify_all()
             orphans = sorted(self._forked)
         deadline = time.monotonic() + 2.0
         for pid in orphans:

@@ -208,7 +208,7 @@ def _serve(sock: socket.socket) -> tuple[dict[str, Any], int] | None:
                 pid = os.fork()
             except OSError as exc:
                 os.close(out_fd)
-                send_event(sock, event="started", pid=None, error=str(exc))
+                send_event(sock, event="started", id=spec.get("id"), pid=None, error=str(exc))
                 continue
             if pid == 0:  # the worker: nothing of the server stays open in it
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -218,7 +218,7 @@ def _serve(sock: socket.socket) -> tuple[dict[str, Any], int] | None:
                 sock.close()
                 return spec, out_fd
             os.close(out_fd)
-            send_event(sock, event="started", pid=pid)
+            send_event(sock, event="started", id=spec.get("id"), pid=pid)
     except (OSError, ValueError) as exc:  # the agent is gone, or a request this wire does not know
         print(f"dlrover standby: stopping: {exc!r}", file=sys.stderr, flush=True)
         return None

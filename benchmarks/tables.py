@@ -148,6 +148,7 @@ def renderer(name: str, file: str, pending: str | None = None) -> Callable[[Call
 LAUNCH_PHASES = {
     "to_first_line": "the script's first line",
     "to_first_all_reduce": "its first all-reduce (after `import torch`, `init_process_group`)",
+    "to_first_step": "its first training step (forward, backward, all-reduce, an AdamW step)",
     "to_exit": "the launcher's exit (an empty script)",
 }
 

@@ -153,7 +153,10 @@ def test_sigkilled_worker_is_replaced_while_the_survivor_keeps_training(tmp_path
     assert result.recomputed_s == 0
     events = job_events(result)
     reformed = [(e["reason"], e["world_size"]) for e in events if e["kind"] == "live_reformed"]
-    assert reformed == [("error", 1), ("grow", 2)], reformed
+    # the survivor goes on alone and the replacement grows the world back; or, where the
+    # replacement (forked warm by its node's standby) asks to join before the survivor's
+    # failed all-reduce has ended, the generation formed after the error includes it at once
+    assert reformed in ([("error", 1), ("grow", 2)], [("error", 2)]), reformed
     assert not any(e["kind"] == "rendezvous_completed" and e["round"] > 0 for e in events)
     check_lineage(tmp_path, steps=150, world_size=2, survivors={pids[0]})
     check_committed_steps(tmp_path / "ck")

@@ -34,10 +34,13 @@ log = get_logger()
 #: The c10d backend name of reconfigurable groups (``init_process_group(backend=BACKEND)``).
 BACKEND = "dlrover_live"
 
-#: How long connecting a generation's group may wait for its members (seconds): they all
-#: were placed a moment ago, so one that does not come died meanwhile (the next re-form
-#: leaves it out); the collectives then get the group's own timeout. (The live world's
-#: replicated path waits as long: ``train.live._JOIN_TIMEOUT_S``.)
+#: How long connecting a re-formed generation's group may wait for its members (seconds):
+#: they all were placed a moment ago, so one that does not come died meanwhile (the next
+#: re-form leaves it out); the collectives then get the group's own timeout. (The live
+#: world's replicated path waits as long: ``train.live._JOIN_TIMEOUT_S``.) Generation 0,
+#: the round's start, waits the group's whole timeout, as ``init_process_group`` does: its
+#: members are processes still starting, a relaunched node's cold one seconds after a
+#: survivor's forked one.
 CONNECT_TIMEOUT_S = 5.0
 
 _inner_backend = "gloo"
@@ -108,7 +111,7 @@ def _inner(store: Any, rank: int, size: int, timeout: datetime.timedelta, gen: i
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         return dist.ProcessGroupNCCL(prefixed, rank, size, options)
-    connect = min(timeout, datetime.timedelta(seconds=CONNECT_TIMEOUT_S))
+    connect = timeout if gen == 0 else min(timeout, datetime.timedelta(seconds=CONNECT_TIMEOUT_S))
     group = dist.ProcessGroupGloo(prefixed, rank, size, connect)  # connects every pair now
     group._set_default_timeout(timeout)
     return group

@@ -41,6 +41,22 @@ def job_processes(job_id: str) -> list[psutil.Process]:
     return found
 
 
+def left_behind(job_id: str, *, grace_s: float = 5.0) -> list[str]:
+    """The processes of ``job_id`` still running ``grace_s`` after the call (each as
+    ``pid ppid cmdline``): what a launcher left behind, allowing those already on their way
+    out (killed with their parent, e.g. a standby's workers) the moment to go."""
+    procs = job_processes(job_id)
+    _, alive = psutil.wait_procs(procs, timeout=grace_s) if procs else ([], [])
+    out = []
+    for p in alive:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.append(f"{p.pid} {p.ppid()} {' '.join(p.cmdline())[:200]}")
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
 def shm_entries() -> set[str]:
     """Names in /dev/shm (empty where there is none)."""
     try:

@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 from click.testing import CliRunner
-from helpers import SCRIPTS, job_processes, shm_entries, wait_for
+from helpers import SCRIPTS, job_processes, left_behind, shm_entries, wait_for
 
 from dlrover_core import JobState
 from dlrover_core.cli import main
@@ -216,7 +216,7 @@ def test_a_hangup_or_quit_cancels_the_job_like_sigterm(tmp_path, signum):
     name = signal.Signals(signum).name
     assert result["state"] == JobState.CANCELLED.value and name in result["reason"], result
     assert code == 128 + signum
-    assert job_processes("hup") == []
+    assert left_behind("hup") == []
     assert {e for e in shm_entries() - before_shm if "hup" in e} == set()
 
 

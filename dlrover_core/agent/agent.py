@@ -563,7 +563,7 @@ class ElasticAgent:
             try:
                 return WorkerProcess(**kwargs, standby=standby)
             except StandbyGone as exc:
-                log.warning("standby_fork_failed", node_id=self.node_id, rank=rank, error=str(exc))
+                log.info("worker_started_cold", node_id=self.node_id, rank=rank, reason=str(exc))
         return WorkerProcess(**kwargs)
 
     # ----- hangs (dlrover_core.agent.hang) ----------------------------------------------------

@@ -212,7 +212,7 @@ class Standby:
         self._request_lock = threading.Lock()  # one request on the socket at a time
         self._exits = threading.Condition()  # guards the tables below
         self._requests = 0  # the last request's number
-        self._answers: dict[int, int | None] = {}  # request number -> the pid forked (None: failed)
+        self._answers: dict[int, tuple[int | None, str]] = {}  # request number -> (pid forked or None, why not)
         self._abandoned: set[int] = set()  # requests that gave up waiting: their late worker is killed
         self._codes: dict[int, int] = {}  # worker pid -> exit code
         self._forked: set[int] = set()  # pids of workers not reaped yet
@@ -273,16 +273,17 @@ class Standby:
                     os.close(write_end)
             with self._exits:
                 self._exits.wait_for(lambda: number in self._answers or self._gone.is_set(), _FORK_TIMEOUT_S)
-                pid = self._answers.pop(number, None)
-                if pid is None:
+                answered = number in self._answers
+                pid, error = self._answers.pop(number, (None, ""))
+                if not answered:
                     self._abandoned.add(number)
         except BaseException:
             os.close(read_end)
             raise
         if pid is None:
             os.close(read_end)
-            raise StandbyGone("the standby did not fork the worker (it exited, could not fork, or took over "
-                              f"{_FORK_TIMEOUT_S:.0f} s)")
+            raise StandbyGone(f"the standby did not fork the worker: {error}" if error else
+                              f"the standby did not fork the worker (it exited, or took over {_FORK_TIMEOUT_S:.0f} s)")
         return ForkedProcess(pid=pid, stdout=os.fdopen(read_end, "rb"), standby=self)
 
     def returncode(self, pid: int) -> int | None:
@@ -307,7 +308,7 @@ class Standby:
                     if kind == "ready":
                         self._ready.set()
                     elif kind == "started":
-                        self._on_started(int(event["id"]), event.get("pid"))
+                        self._on_started(int(event["id"]), event.get("pid"), str(event.get("error") or ""))
                     elif kind == "exited":
                         with self._exits:
                             self._forked.discard(int(event["pid"]))
@@ -317,7 +318,7 @@ class Standby:
             pass
         self._on_gone()
 
-    def _on_started(self, number: int, pid: int | None) -> None:
+    def _on_started(self, number: int, pid: int | None, error: str) -> None:
         with self._exits:
             if number in self._abandoned:  # its request gave up: nobody runs this worker
                 self._abandoned.discard(number)
@@ -328,7 +329,7 @@ class Standby:
                 return
             if pid is not None:
                 self._forked.add(pid)
-            self._answers[number] = pid
+            self._answers[number] = (pid, error)
             self._exits.notify_all()
 
     def _on_gone(self) -> None:

@@ -14,8 +14,11 @@ A standby started while workers train on the node (the first one died) warms up 
 lowest CPU priority (``--low-priority``: nice 19, for its thread and, where the kernel
 groups processes by session, for the standby's session; see
 :func:`_preload_at_low_priority`), so it waits for idle CPU instead of slowing the training.
-The first one warms up at the agent's priority while the agent registers and rendezvouses:
-it does what the first workers would do first anyway.
+The first one imports what workers need before their first line (torch, numpy,
+safetensors, the plugins: :func:`_import_heavy`) at the agent's priority while the agent
+registers and rendezvouses, forks the first workers, and only then, at nice 19, loads what
+a first optimizer step loads (:func:`_first_step`: ``torch._dynamo``, about 2 CPU-s), for
+the replacements to come; the first workers load that themselves, as cold ones do.
 
 Caveats: variables read when a library is imported (OpenMP's ``OMP_NUM_THREADS``) take the
 standby's value, which the agent sets to the workers' one; a worker's process title and
@@ -35,7 +38,9 @@ import signal
 import socket
 import sys
 import threading
+import time
 import types
+from collections.abc import Callable
 from typing import Any
 
 import dlrover_core.train  # noqa: F401  (what workers import, before they are needed)
@@ -49,21 +54,43 @@ from dlrover_core.train.progress import install_excepthook
 _HOST_VARIABLES = ("DLROVER_PLUGINS", "DLROVER_DISABLE_PLUGINS")
 
 
-def _preload() -> None:
-    """Import the heavy modules workers need (the point of a standby: this runs while it waits)."""
+def _import_heavy() -> None:
+    """What a worker imports before its first line of training: torch, numpy, safetensors,
+    the plugins (entry points, plugin imports). The first standby does this before it forks
+    the first workers (about 3 CPU-s here), as a cold worker would before its first collective."""
     import numpy  # noqa: F401  (heavy)
     import safetensors.torch  # noqa: F401  (heavy)
     import torch  # noqa: F401  (heavy)
     import torch.distributed  # noqa: F401  (heavy)
 
-    get_host()  # plugin discovery (entry points, plugin imports): about a second, done while waiting
-    # what a worker's first step loads on first use (autograd, the optimizers' torch._dynamo
-    # and sympy imports): about 3 s here, that a replacement would pay before it can join
+    get_host()
+
+
+def _first_step() -> None:
+    """What a worker's first step loads on first use (autograd, the optimizers'
+    ``torch._dynamo`` and sympy imports): about 2 CPU-s here, that a replacement would pay
+    before it can join. Tiny tensors: torch starts no OpenMP pool, so forking stays safe."""
+    import torch  # heavy (imported by _import_heavy already)
+
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.AdamW(model.parameters())
     model(torch.zeros(1, 2)).sum().backward()
     optimizer.step()
 
+
+def _preload() -> None:
+    """The whole warm-up: :func:`_import_heavy`, then :func:`_first_step`."""
+    _import_heavy()
+    _first_step()
+
+
+#: After the first workers are forked, how long without another request before the first
+#: standby warms up for a first step (seconds): the rest of the node's first workers come
+#: back to back.
+_FIRST_STEP_IDLE_S = 0.5
+#: How long a fork request waits for that warm-up to end before the agent is told to start
+#: the worker cold (seconds).
+_BUSY_WAIT_S = 2.0
 
 #: nice value of the warm-up thread: the lowest, as ``nice -n 19`` (``setpriority(2)``)
 _PRELOAD_NICE = 19
@@ -95,45 +122,70 @@ def _set_autogroup_nice(nice: int) -> bool:
         return False
 
 
-def _preload_at_low_priority() -> None:
-    """Run :func:`_preload` at the lowest CPU priority and wait for it.
+class _LowPriority:
+    """``work`` run in a thread at the lowest CPU priority, started now.
 
-    Two mechanisms, because Linux applies one or the other: the warm-up runs in a thread of
-    nice :data:`_PRELOAD_NICE` (nice values are per thread, ``setpriority(2)``), and, where
-    the kernel groups processes by session (autogroups, ``sched(7)``: there a thread's nice
-    value only ranks it within its session, and the standby has a session of its own), the
-    session's autogroup is set to the same nice value and set back after. Setting it back
-    needs no privilege when the old value is 0 or more (only negative values do), so it is
-    lowered only then.
+    Two mechanisms, because Linux applies one or the other: the thread runs at nice
+    :data:`_PRELOAD_NICE` (nice values are per thread, ``setpriority(2)``), and, where the
+    kernel groups processes by session (autogroups, ``sched(7)``: there a thread's nice value
+    only ranks it within its session, and the standby has a session of its own), the
+    session's autogroup is set to the same nice value until :meth:`join` sets it back.
+    Setting it back needs no privilege when the old value is 0 or more (only negative values
+    do), so it is lowered only then. Forked workers take sessions of their own: the lowered
+    group is never theirs.
+    """
+
+    def __init__(self, work: Callable[[], None]) -> None:
+        self._failure: list[BaseException] = []
+
+        # Threads the work starts would keep nice 19 after it: its tensors stay tiny, so
+        # torch starts no OpenMP pool (checked: only the main thread is left when the
+        # standby is ready). A warm-up that fails (a plugin that installs a signal handler
+        # at import, which only the main thread may) ends the standby, and restarts start
+        # fresh processes.
+        def run() -> None:
+            with contextlib.suppress(OSError, AttributeError):  # not Linux: the thread keeps the priority
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _PRELOAD_NICE)
+            try:
+                work()
+            except BaseException as exc:  # handed to the main thread
+                self._failure.append(exc)
+
+        self._group_nice = _autogroup_nice()
+        self._lowered = (self._group_nice is not None and self._group_nice >= 0
+                         and _set_autogroup_nice(_PRELOAD_NICE))
+        self._thread = threading.Thread(target=run, name="dlrover-standby-warm-up", daemon=True)
+        self._thread.start()
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def join(self, timeout_s: float | None = None) -> bool:
+        """Wait up to ``timeout_s`` (forever when None); whether the work ended (then the
+        autogroup's nice value is back).
+
+        Raises:
+            BaseException: whatever the work raised, re-raised here.
+        """
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            return False
+        if self._lowered:
+            self._lowered = False
+            if not _set_autogroup_nice(self._group_nice):  # type: ignore[arg-type]
+                raise RuntimeError(f"could not set the standby's autogroup nice value back to {self._group_nice}")
+        if self._failure:
+            raise self._failure[0]
+        return True
+
+
+def _preload_at_low_priority() -> None:
+    """Run :func:`_preload` at the lowest CPU priority (:class:`_LowPriority`) and wait for it.
 
     Raises:
         BaseException: whatever the warm-up raised, re-raised here.
     """
-    failure: list[BaseException] = []
-
-    # Threads the warm-up starts would keep nice 19 after it: its tensors stay tiny, so torch
-    # starts no OpenMP pool (checked: only the main thread is left when the standby is
-    # ready). A warm-up that fails (a plugin that installs a signal handler at import, which
-    # only the main thread may) ends the standby, and restarts start fresh processes.
-    def warm_up() -> None:
-        with contextlib.suppress(OSError, AttributeError):  # not Linux: the thread keeps the priority
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _PRELOAD_NICE)
-        try:
-            _preload()
-        except BaseException as exc:  # handed to the main thread
-            failure.append(exc)
-
-    group_nice = _autogroup_nice()
-    lowered = group_nice is not None and group_nice >= 0 and _set_autogroup_nice(_PRELOAD_NICE)
-    try:
-        thread = threading.Thread(target=warm_up, name="dlrover-standby-warm-up", daemon=True)
-        thread.start()
-        thread.join()
-    finally:
-        if lowered and not _set_autogroup_nice(group_nice):
-            raise RuntimeError(f"could not set the standby's autogroup nice value back to {group_nice}")
-    if failure:
-        raise failure[0]
+    _LowPriority(_preload).join()
 
 
 def _run(argv: list[str]) -> None:
@@ -175,9 +227,14 @@ def _bind_cpus() -> None:
                 os.sched_setaffinity(int(tid), cpus)
 
 
-def _serve(sock: socket.socket) -> tuple[dict[str, Any], int] | None:
+def _serve(sock: socket.socket, *, first_step_later: bool) -> tuple[dict[str, Any], int] | None:
     """Fork a worker for each request on ``sock`` and report its pid, reap the workers and
     report their exit codes, until the agent closes the socket or dies.
+
+    With ``first_step_later``, :func:`_first_step` runs at nice 19 once the first workers
+    are forked (no request for :data:`_FIRST_STEP_IDLE_S`); a request meanwhile waits up to
+    :data:`_BUSY_WAIT_S` for it (a fork while a thread imports could leave the child a held
+    import lock), else is answered "not forked" and the agent starts that worker cold.
 
     Returns:
         In a forked worker, its request and output fd; in the standby, None (time to exit).
@@ -188,9 +245,14 @@ def _serve(sock: socket.socket) -> tuple[dict[str, Any], int] | None:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+    warming: _LowPriority | None = None
+    forks, last_fork = 0, time.monotonic()
     try:
         while True:
-            readable, _, _ = select.select([sock, wake_r], [], [], 1.0)
+            timeout_s = 1.0
+            if first_step_later and forks and warming is None:
+                timeout_s = max(0.0, min(timeout_s, last_fork + _FIRST_STEP_IDLE_S - time.monotonic()))
+            readable, _, _ = select.select([sock, wake_r], [], [], timeout_s)
             if os.getppid() != agent:
                 return None  # (its workers die with it: PR_SET_PDEATHSIG)
             if wake_r in readable:
@@ -198,12 +260,26 @@ def _serve(sock: socket.socket) -> tuple[dict[str, Any], int] | None:
                     while os.read(wake_r, 512):
                         pass
             _reap(sock)
+            if warming is not None and warming.done():
+                warming.join()
+                warming = None
+                gc.freeze()  # (what the warm-up left alive, as the imports before it)
+            if first_step_later and forks and warming is None and time.monotonic() - last_fork >= _FIRST_STEP_IDLE_S:
+                first_step_later = False
+                warming = _LowPriority(_first_step)
             if sock not in readable:
                 continue
             request = recv_request(sock)
             if request is None:
                 return None
             spec, out_fd = request
+            if warming is not None:
+                if not warming.join(_BUSY_WAIT_S):
+                    os.close(out_fd)
+                    send_event(sock, event="started", id=spec.get("id"), pid=None, error="still warming up")
+                    continue
+                warming = None
+                gc.freeze()
             try:
                 pid = os.fork()
             except OSError as exc:
@@ -218,6 +294,7 @@ def _serve(sock: socket.socket) -> tuple[dict[str, Any], int] | None:
                 sock.close()
                 return spec, out_fd
             os.close(out_fd)
+            forks, last_fork = forks + 1, time.monotonic()
             send_event(sock, event="started", id=spec.get("id"), pid=pid)
     except (OSError, ValueError) as exc:  # the agent is gone, or a request this wire does not know
         print(f"dlrover standby: stopping: {exc!r}", file=sys.stderr, flush=True)
@@ -280,17 +357,18 @@ def _become_worker(spec: dict[str, Any]) -> None:
 
 def main() -> None:
     sock = socket.socket(fileno=int(os.environ.pop(STANDBY_FD)))
-    if "--low-priority" in sys.argv[1:]:
+    low_priority = "--low-priority" in sys.argv[1:]
+    if low_priority:  # workers train on this node already: all of it on idle CPU, then ready
         _preload_at_low_priority()
-    else:
-        _preload()
+    else:  # the first workers wait for it: what they need before their first line, then ready
+        _import_heavy()
     # what is alive now stays alive in every worker: out of the collector's way (its passes
     # would touch, and so copy, every page of it; at exit they cost a forked worker 1.2 s of
     # CPU here, 0.5 s frozen). The fork-server use ``gc.freeze`` was made for (its docs).
     gc.freeze()
     standby = os.getpid()
     send_event(sock, event="ready")
-    forked = _serve(sock)
+    forked = _serve(sock, first_step_later=not low_priority)
     if forked is None:
         return
     spec, out_fd = forked

@@ -269,8 +269,11 @@ class Failure:
             spread over a long job (a node failing this often is likely broken).
         stop_grace_s: after SIGTERM, how long workers get before SIGKILL.
         collective_timeout_s: timeout of the worker process group's collectives.
-        warm_restart: keep standby processes per node that have already imported torch and
-            turn them into workers, so a (re)started worker skips that (about a second).
+        warm_restart: each node's agent starts one standby process that imports torch and
+            the plugins once and forks every worker of the node from that state (the first
+            ones, replacements, restarts: ``dlrover_core/agent/standby.py``), so a worker
+            skips starting Python and importing torch (3-5 CPU-s here); ``False`` starts
+            each worker as a plain process.
         live_recovery: when a worker or node fails (a script that loops with
             ``train.steps()``), the surviving workers keep their processes: with replicated
             state (``ddp``) they train on in a smaller process group and the replacement

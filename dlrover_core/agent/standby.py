@@ -261,7 +261,7 @@ def _serve(sock: socket.socket, *, first_step_later: bool) -> tuple[dict[str, An
                         pass
             _reap(sock)
             if warming is not None and warming.done():
-                warming.join()
+                _ended(warming)
                 warming = None
                 gc.freeze()  # (what the warm-up left alive, as the imports before it)
             if first_step_later and forks and warming is None and time.monotonic() - last_fork >= _FIRST_STEP_IDLE_S:
@@ -274,7 +274,7 @@ def _serve(sock: socket.socket, *, first_step_later: bool) -> tuple[dict[str, An
                 return None
             spec, out_fd = request
             if warming is not None:
-                if not warming.join(_BUSY_WAIT_S):
+                if not _ended(warming, _BUSY_WAIT_S):
                     os.close(out_fd)
                     send_event(sock, event="started", id=spec.get("id"), pid=None, error="still warming up")
                     continue
@@ -299,6 +299,17 @@ def _serve(sock: socket.socket, *, first_step_later: bool) -> tuple[dict[str, An
     except (OSError, ValueError) as exc:  # the agent is gone, or a request this wire does not know
         print(f"dlrover standby: stopping: {exc!r}", file=sys.stderr, flush=True)
         return None
+
+
+def _ended(warming: _LowPriority, timeout_s: float | None = None) -> bool:
+    """Whether the warm-up for a first step ended (within ``timeout_s``). One that failed
+    is reported on stderr (``standby.log``) and not retried: the workers it forks load
+    those modules themselves, as cold ones do; its running workers are not touched."""
+    try:
+        return warming.join(timeout_s)
+    except Exception as exc:  # (an import error of the warm-up: the standby goes on)
+        print(f"dlrover standby: the warm-up for a first step failed: {exc!r}", file=sys.stderr, flush=True)
+        return True
 
 
 def _reap(sock: socket.socket) -> None:

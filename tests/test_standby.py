@@ -333,3 +333,15 @@ def test_a_job_whose_standby_is_killed_goes_on_and_its_node_gets_a_new_standby(t
     assert "standby_exited" in node_log, node_log[-3000:]
     assert "warm=[False, False]" in node_log or "warm=False" in node_log, node_log[-3000:]
     assert job_processes(result.job_id) == []
+
+
+def test_a_failed_warm_up_for_a_first_step_is_reported_and_the_standby_goes_on(capsys):
+    """The warm-up after the first forks runs beside the workers the standby forked: its
+    failure is written to the standby's log, never raised into the fork server's loop."""
+    def broken() -> None:
+        raise ImportError("a plugin's module is missing")
+
+    warming = standby_module._LowPriority(broken)
+    assert standby_module._ended(warming, 30.0) is True
+    assert "the warm-up for a first step failed: ImportError" in capsys.readouterr().err
+    assert standby_module._ended(standby_module._LowPriority(lambda: None), 30.0) is True

@@ -67,7 +67,10 @@ def test_check_fails_when_a_figure_changes(repo_copy, capsys):
     assert check(readme, results) == 1
     assert "0.50 s" in capsys.readouterr().out  # the diff shows the new figure
     assert tables.main(["--readme", str(readme), "--results", str(results)]) == 0
-    assert "| the script's first line | 1.67 s (1.31–1.78) | 0.50 s (0.73–1.60) | 0.30 |" in readme.read_text()
+    peer, ours = launch["to_first_line"]["torchrun"], launch["to_first_line"]["dlrover_run"]
+    row = (f"| the script's first line | {peer['median_s']:.2f} s ({peer['min_s']:.2f}–{peer['max_s']:.2f}) "
+           f"| 0.50 s ({ours['min_s']:.2f}–{ours['max_s']:.2f}) | {0.5 / peer['median_s']:.2f} |")
+    assert row in readme.read_text()
     assert check(readme, results) == 0
 
 

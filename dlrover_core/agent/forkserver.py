@@ -43,6 +43,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from dlrover_core.env import CPU_AFFINITY, JOB_ID, STANDBY_FD, WATCH_PID
 from dlrover_core.errors import DLRoverError
 from dlrover_core.logging import get_logger
@@ -166,11 +168,6 @@ class ForkedProcess:
         if code is None:
             raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
         return code
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            if self.returncode is None:
-                os.kill(self.pid, signal.SIGKILL)
 
 
 class Standby:
@@ -339,10 +336,11 @@ class Standby:
             self._gone.set()
             self._exits.notify_all()
             orphans = sorted(self._forked)
-        deadline = time.monotonic() + 2.0
+        procs = []
         for pid in orphans:
-            while _running(pid) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            with contextlib.suppress(psutil.Error):
+                procs.append(psutil.Process(pid))
+        psutil.wait_procs(procs, timeout=2.0)
         with self._exits:
             for pid in orphans:
                 self._codes.setdefault(pid, -signal.SIGKILL)
@@ -367,13 +365,3 @@ class Standby:
             self.popen.kill()
             self.popen.wait()
         self._reader.join(timeout=5)
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` still runs (a zombie does not: its parent has not reaped it yet)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-        return stat[stat.rindex(")") + 2] != "Z"
-    except (OSError, ValueError, IndexError):
-        return False

@@ -209,13 +209,17 @@ def test_two_workers_killed_in_quick_succession_on_a_three_worker_node(tmp_path)
     pids = first_pids(run, 3)
     wait_for(lambda: run.status().step >= 10, 60, "step 10")
     os.kill(pids[1], signal.SIGKILL)
-    time.sleep(0.2)
+    # the second kill comes while the world re-forms without the first, as a separate
+    # failure: both killed before the agent saw either make one report (one restart)
+    wait_for(lambda: run.status().restarts >= 1, 30, "the first failure reported")
     os.kill(pids[2], signal.SIGKILL)
     hurry_once_whole(tmp_path, run, 3, gone={pids[1], pids[2]})
     result = finish(run, shm_before)
     assert result.restarts == 2 and all(f.recovery == "live" for f in result.failures), result.failures
     sizes = [e["world_size"] for e in job_events(result) if e["kind"] == "live_reformed"]
-    assert sizes[-1] == 3 and min(sizes) == 1, sizes
+    # it shrank (to 2, or to 1 when the second died after the world re-formed without the
+    # first) and came back whole
+    assert sizes[-1] == 3 and min(sizes) < 3, sizes
     check_lineage(tmp_path, steps=200, world_size=3, survivors={pids[0]})
 
 

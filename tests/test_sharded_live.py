@@ -242,16 +242,18 @@ def applied_steps(out: Path) -> dict[int, list[int]]:
 @pytest.mark.timeout(300)
 def test_an_hsdp_replacement_whose_snapshot_lags_takes_its_shard_from_its_replica_peer_with_no_rollback(tmp_path):
     """HSDP (data x replicate, 4 ranks on 2 nodes) snapshotting rarely (step 0 only in this
-    run): rank 3 is SIGKILLed at step 8 or later. Its node's memory holds only step 0, which
-    would send every survivor back to step 0; instead rank 1, which holds the same shard,
-    sends the replacement its state of the survivors' step. No survivor goes back or
-    restarts, no step is trained twice, nothing is read from storage, and the job ends
-    bit-identical to a run without the kill."""
-    run = sharded_job(tmp_path, "lag", steps=30, nodes=2, ranks=4, parallel=HSDP, memory_every_steps=100).submit()
-    wait_for(lambda: run.status().step >= 8, 120, "step 8")
-    pids = wait_for(lambda: run.status().worker_pids if len(run.status().worker_pids) == 4 else None, 30, "4 ranks")
+    run): rank 3 is SIGKILLed at step 10 inside its backward, after its last reduce-scatter
+    and before its last all-reduce with rank 1 (which holds the same shard). Ranks 0 and 2
+    no longer need it to finish their backward, rank 1 does: the vote before the optimizer
+    step keeps 0 and 2 from applying step 10, so every survivor holds step 9. Its node's
+    memory holds only step 0, which would send every survivor back to step 0; instead rank
+    1 sends the replacement its state of step 9. No survivor goes back or restarts, no step
+    is trained twice, nothing is read from storage, and the job ends bit-identical to a run
+    without the kill."""
+    run = sharded_job(tmp_path, "lag", steps=30, nodes=2, ranks=4, parallel=HSDP, memory_every_steps=100,
+                      extra=("--die-before-last-replicate-all-reduce", "3:10")).submit()
+    pids = wait_for(lambda: run.status().worker_pids if len(run.status().worker_pids) == 4 else None, 120, "4 ranks")
     survivors = {pids[r] for r in range(3)}
-    os.kill(pids[3], signal.SIGKILL)
     result = run.wait(progress=False, timeout_s=200)
     assert result.state == JobState.SUCCEEDED, result.reason
     (failure,) = result.failures
@@ -261,7 +263,7 @@ def test_an_hsdp_replacement_whose_snapshot_lags_takes_its_shard_from_its_replic
     assert survivors <= set(finals) and all(finals[p]["start"] == 0 for p in survivors), "a survivor restarted"
     (replacement,) = set(finals) - survivors
     resumed_after = finals[replacement]["start"] - 1
-    assert resumed_after >= 8
+    assert resumed_after == 9
     assert restored_from(result) == [("peer", resumed_after)], "the replacement's shard came from its replica peer"
     assert storage_bytes_read(result) == 0
     # every step applied once: the survivors trained each step once, none twice; the killed

@@ -203,8 +203,11 @@ class _Loop:
         # its place on its node, also under --virtual-local-rank (which makes LOCAL_RANK 0)
         self._local_rank = int(os.environ.get(env.LOCAL_RANK, os.environ.get("LOCAL_RANK", "0")))
         self._round = int(os.environ.get(env.ROUND, "0"))
+        self._committed: int | None = None  # the step in flight's update: every rank agreed to apply it
         for optimizer in _optimizers(state):
             self._hooks.append(optimizer.register_step_post_hook(self._on_optimizer_step))
+            if self.sharded:
+                self._hooks.append(optimizer.register_step_pre_hook(self._before_optimizer_step))
 
     # ----- the loop --------------------------------------------------------------------
 
@@ -232,7 +235,7 @@ class _Loop:
                         continue
                 step = Step(self.next_step, self)
                 self._positions = _positions(self.state)
-                self._in_flight, self._failed = int(step), False
+                self._in_flight, self._failed, self._committed = int(step), False, None
                 self._enter("step")
                 yield step
                 self._enter("between")
@@ -252,6 +255,25 @@ class _Loop:
 
     def _enter(self, phase: str) -> None:
         self.phase, self.phase_seq = phase, self.phase_seq + 1
+
+    def _before_optimizer_step(self, *_: Any) -> None:
+        """A sharded world applies a step's update on every rank or on none: one small
+        all-reduce before the first optimizer step of each step (TorchFT's ``should_commit``
+        vote, torchft/manager.py). A rank whose backward failed (a peer died) never gets
+        here, so the others' all-reduce fails too and nobody applies the step. Without it,
+        a rank that died between two of its collectives could let the ranks that no longer
+        needed it apply the step while its replica peers did not: no common step to resume
+        at but an older snapshot, and every survivor would go back to it."""
+        import torch  # heavy: torch
+        import torch.distributed as dist  # heavy: torch
+
+        step = self._in_flight
+        if step is None or step == self._committed or not self.live or self.world_size <= 1:
+            return
+        if not dist.is_initialized():
+            return
+        dist.all_reduce(torch.zeros(1, dtype=torch.int32))
+        self._committed = step
 
     def _on_optimizer_step(self, *_: Any) -> None:
         if self._in_flight is not None:

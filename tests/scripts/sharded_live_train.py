@@ -9,13 +9,17 @@ sha256 of the full (all-gathered) parameters and optimizer state to ``--out/fina
 Args: --steps N, --step-sleep S, --width W (the hidden layers' width: the state's size;
 benchmarks/sharded_recovery.py scales it), --hold-file F (while F exists, each step waits at
 its start: a test holds the job still, e.g. until a buddy's replica is current),
---prepare-parallel NAME (passed to ``train.prepare`` instead of the Job's strategies).
+--prepare-parallel NAME (passed to ``train.prepare`` instead of the Job's strategies),
+--die-before-last-replicate-all-reduce RANK:STEP (that rank SIGKILLs itself at that step
+inside its backward, right before its last all-reduce over a replicate group (HSDP), after
+its last reduce-scatter: the ranks that do not share its shard could finish the step).
 """
 
 import argparse
 import hashlib
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -53,6 +57,28 @@ def shard_digest(model) -> str:
     return h.hexdigest()[:16]
 
 
+def die_before_last_replicate_all_reduce(rank: int, step: int, current: list[int], out: Path) -> None:
+    """Wrap ``torch.distributed.all_reduce`` (FSDP2 reduces HSDP gradients over the
+    replicate group with it): on ``rank`` at ``step`` (``current[0]``), SIGKILL this process
+    instead of the step's last such all-reduce (counted on the step before); once per job
+    (a marker file in ``out``)."""
+    import torch.distributed as dist
+
+    real, calls = dist.all_reduce, {}
+
+    def all_reduce(*args, **kwargs):
+        if kwargs.get("group") is not None:  # a mesh dimension's group, not the world's
+            now = current[0]
+            calls[now] = calls.get(now, 0) + 1
+            marker = out / f"died_{rank}_{step}"
+            if dist.get_rank() == rank and now == step and calls[now] == calls.get(step - 1) and not marker.exists():
+                marker.touch()
+                os.kill(os.getpid(), signal.SIGKILL)
+        return real(*args, **kwargs)
+
+    dist.all_reduce = all_reduce
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--steps", type=int, default=40)
@@ -60,10 +86,15 @@ def main() -> int:
     p.add_argument("--width", type=int, default=16)
     p.add_argument("--hold-file", default=None)
     p.add_argument("--prepare-parallel", default=None, help="strategy given to train.prepare (not the Job's)")
+    p.add_argument("--die-before-last-replicate-all-reduce", default=None, metavar="RANK:STEP")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    current = [-1]
+    if a.die_before_last_replicate_all_reduce:
+        rank, at = (int(v) for v in a.die_before_last_replicate_all_reduce.split(":"))
+        die_before_last_replicate_all_reduce(rank, at, current, out)
     info = train.init()
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(8, a.width), torch.nn.ReLU(), torch.nn.Linear(a.width, a.width),
@@ -76,6 +107,7 @@ def main() -> int:
     start = restored.step + 1 if restored else 0
     log = open(out / f"steps_{os.getpid()}.jsonl", "a", buffering=1)
     for step in train.steps(a.steps, {"train": state}, start=start):
+        current[0] = int(step)
         with step:
             while a.hold_file and os.path.exists(a.hold_file):
                 time.sleep(0.02)

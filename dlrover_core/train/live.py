@@ -203,7 +203,7 @@ class _Loop:
         # its place on its node, also under --virtual-local-rank (which makes LOCAL_RANK 0)
         self._local_rank = int(os.environ.get(env.LOCAL_RANK, os.environ.get("LOCAL_RANK", "0")))
         self._round = int(os.environ.get(env.ROUND, "0"))
-        self._committed: int | None = None  # the step in flight's update: every rank agreed to apply it
+        self._voted = False  # every rank agreed to apply the step in flight's update
         for optimizer in _optimizers(state):
             self._hooks.append(optimizer.register_step_post_hook(self._on_optimizer_step))
             if self.sharded:
@@ -235,7 +235,7 @@ class _Loop:
                         continue
                 step = Step(self.next_step, self)
                 self._positions = _positions(self.state)
-                self._in_flight, self._failed, self._committed = int(step), False, None
+                self._in_flight, self._failed, self._voted = int(step), False, False
                 self._enter("step")
                 yield step
                 self._enter("between")
@@ -267,13 +267,12 @@ class _Loop:
         import torch  # heavy: torch
         import torch.distributed as dist  # heavy: torch
 
-        step = self._in_flight
-        if step is None or step == self._committed or not self.live or self.world_size <= 1:
+        if self._in_flight is None or self._voted or not self.live or self.world_size <= 1:
             return
         if not dist.is_initialized():
             return
         dist.all_reduce(torch.zeros(1, dtype=torch.int32))
-        self._committed = step
+        self._voted = True
 
     def _on_optimizer_step(self, *_: Any) -> None:
         if self._in_flight is not None:

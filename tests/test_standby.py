@@ -117,19 +117,8 @@ def standby(tmp_path_factory):
 
 
 def fork(standby, **kwargs):
-    """``standby.fork``, asked again while the standby answers that it is still warming up
-    for a first step (it does so at nice 19 after its first forks: the agent starts that
-    worker cold; a test wants the fork)."""
-    from dlrover_core.agent.forkserver import StandbyGone
-
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            return standby.fork(**kwargs)
-        except StandbyGone as exc:
-            if "warming up" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+    """``standby.fork``: a warm standby forks at once."""
+    return standby.fork(**kwargs)
 
 
 def _fork(standby, tmp_path, code: str, *args: str, env: dict[str, str] | None = None):
@@ -332,13 +321,13 @@ def test_a_job_whose_standby_is_killed_goes_on_and_its_node_gets_a_new_standby(t
     assert job_processes(result.job_id) == []
 
 
-def test_a_failed_warm_up_for_a_first_step_is_reported_and_the_standby_goes_on(capsys):
-    """The warm-up after the first forks runs beside the workers the standby forked: its
-    failure is written to the standby's log, never raised into the fork server's loop."""
+def test_a_failed_warm_up_is_raised_in_the_standbys_main_thread_which_ends_it():
+    """A warm-up at low priority runs on its own thread: its failure is re-raised where the
+    standby waits for it (its main thread), so the standby ends before it says it is ready
+    and the agent starts its workers cold, as from no standby at all."""
     def broken() -> None:
         raise ImportError("a plugin's module is missing")
 
-    warming = standby_module._LowPriority(broken)
-    assert standby_module._ended(warming, 30.0) is True
-    assert "the warm-up for a first step failed: ImportError" in capsys.readouterr().err
-    assert standby_module._ended(standby_module._LowPriority(lambda: None), 30.0) is True
+    with pytest.raises(ImportError, match="a plugin's module is missing"):
+        standby_module._LowPriority(broken).join(30.0)
+    assert standby_module._LowPriority(lambda: None).join(30.0) is True

@@ -10,15 +10,17 @@ entrypoint in-process as ``python`` would (``runpy``, ``__main__``, ``sys.argv``
 for the imports once, not once per worker and per restart. The standby reaps its children
 and reports each exit code to the agent.
 
-A standby started while workers train on the node (the first one died) warms up at the
-lowest CPU priority (``--low-priority``: nice 19, for its thread and, where the kernel
-groups processes by session, for the standby's session; see
+Every standby imports all of it before it says it is ready (:func:`_preload`): torch,
+numpy, safetensors, the plugins (:func:`_import_heavy`) and what a first optimizer step
+loads (:func:`_first_step`: ``torch._dynamo`` and sympy, which ``DistributedDataParallel``
+and ``fully_shard`` import at construction, about 2 CPU-s). The first one does it at the
+agent's priority while the agent registers and rendezvouses, so each forked worker, the
+first ones included, skips those imports: a node pays for them once, not once per worker
+plus once in the standby (measured on a 2-node job here: 1 CPU-s less per job, the same
+time to the workers' restore). A standby started while workers train on the node (the first
+one died) warms up at the lowest CPU priority (``--low-priority``: nice 19, for its thread
+and, where the kernel groups processes by session, for the standby's session; see
 :func:`_preload_at_low_priority`), so it waits for idle CPU instead of slowing the training.
-The first one imports what workers need before their first line (torch, numpy,
-safetensors, the plugins: :func:`_import_heavy`) at the agent's priority while the agent
-registers and rendezvouses, forks the first workers, and only then, at nice 19, loads what
-a first optimizer step loads (:func:`_first_step`: ``torch._dynamo``, about 2 CPU-s), for
-the replacements to come; the first workers load that themselves, as cold ones do.
 
 Caveats: variables read when a library is imported (OpenMP's ``OMP_NUM_THREADS``) take the
 standby's value, which the agent sets to the workers' one; a worker's process title and
@@ -38,7 +40,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 import types
 from collections.abc import Callable
 from typing import Any
@@ -68,8 +69,9 @@ def _import_heavy() -> None:
 
 def _first_step() -> None:
     """What a worker's first step loads on first use (autograd, the optimizers'
-    ``torch._dynamo`` and sympy imports): about 2 CPU-s here, that a replacement would pay
-    before it can join. Tiny tensors: torch starts no OpenMP pool, so forking stays safe."""
+    ``torch._dynamo`` and sympy imports, which DDP and FSDP2 also import when they wrap a
+    model): about 2 CPU-s here, that every forked worker would pay before its first step.
+    Tiny tensors: torch starts no OpenMP pool, so forking stays safe."""
     import torch  # heavy (imported by _import_heavy already)
 
     model = torch.nn.Linear(2, 2)
@@ -83,14 +85,6 @@ def _preload() -> None:
     _import_heavy()
     _first_step()
 
-
-#: After the first workers are forked, how long without another request before the first
-#: standby warms up for a first step (seconds): the rest of the node's first workers come
-#: back to back.
-_FIRST_STEP_IDLE_S = 0.5
-#: How long a fork request waits for that warm-up to end before the agent is told to start
-#: the worker cold (seconds).
-_BUSY_WAIT_S = 2.0
 
 #: nice value of the warm-up thread: the lowest, as ``nice -n 19`` (``setpriority(2)``)
 _PRELOAD_NICE = 19
@@ -156,9 +150,6 @@ class _LowPriority:
                          and _set_autogroup_nice(_PRELOAD_NICE))
         self._thread = threading.Thread(target=run, name="dlrover-standby-warm-up", daemon=True)
         self._thread.start()
-
-    def done(self) -> bool:
-        return not self._thread.is_alive()
 
     def join(self, timeout_s: float | None = None) -> bool:
         """Wait up to ``timeout_s`` (forever when None); whether the work ended (then the
@@ -227,14 +218,9 @@ def _bind_cpus() -> None:
                 os.sched_setaffinity(int(tid), cpus)
 
 
-def _serve(sock: socket.socket, *, first_step_later: bool) -> tuple[dict[str, Any], int] | None:
+def _serve(sock: socket.socket) -> tuple[dict[str, Any], int] | None:
     """Fork a worker for each request on ``sock`` and report its pid, reap the workers and
     report their exit codes, until the agent closes the socket or dies.
-
-    With ``first_step_later``, :func:`_first_step` runs at nice 19 once the first workers
-    are forked (no request for :data:`_FIRST_STEP_IDLE_S`); a request meanwhile waits up to
-    :data:`_BUSY_WAIT_S` for it (a fork while a thread imports could leave the child a held
-    import lock), else is answered "not forked" and the agent starts that worker cold.
 
     Returns:
         In a forked worker, its request and output fd; in the standby, None (time to exit).
@@ -245,14 +231,9 @@ def _serve(sock: socket.socket, *, first_step_later: bool) -> tuple[dict[str, An
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    warming: _LowPriority | None = None
-    forks, last_fork = 0, time.monotonic()
     try:
         while True:
-            timeout_s = 1.0
-            if first_step_later and forks and warming is None:
-                timeout_s = max(0.0, min(timeout_s, last_fork + _FIRST_STEP_IDLE_S - time.monotonic()))
-            readable, _, _ = select.select([sock, wake_r], [], [], timeout_s)
+            readable, _, _ = select.select([sock, wake_r], [], [], 1.0)
             if os.getppid() != agent:
                 return None  # (its workers die with it: PR_SET_PDEATHSIG)
             if wake_r in readable:
@@ -260,26 +241,12 @@ def _serve(sock: socket.socket, *, first_step_later: bool) -> tuple[dict[str, An
                     while os.read(wake_r, 512):
                         pass
             _reap(sock)
-            if warming is not None and warming.done():
-                _ended(warming)
-                warming = None
-                gc.freeze()  # (what the warm-up left alive, as the imports before it)
-            if first_step_later and forks and warming is None and time.monotonic() - last_fork >= _FIRST_STEP_IDLE_S:
-                first_step_later = False
-                warming = _LowPriority(_first_step)
             if sock not in readable:
                 continue
             request = recv_request(sock)
             if request is None:
                 return None
             spec, out_fd = request
-            if warming is not None:
-                if not _ended(warming, _BUSY_WAIT_S):
-                    os.close(out_fd)
-                    send_event(sock, event="started", id=spec.get("id"), pid=None, error="still warming up")
-                    continue
-                warming = None
-                gc.freeze()
             try:
                 pid = os.fork()
             except OSError as exc:
@@ -294,22 +261,10 @@ def _serve(sock: socket.socket, *, first_step_later: bool) -> tuple[dict[str, An
                 sock.close()
                 return spec, out_fd
             os.close(out_fd)
-            forks, last_fork = forks + 1, time.monotonic()
             send_event(sock, event="started", id=spec.get("id"), pid=pid)
     except (OSError, ValueError) as exc:  # the agent is gone, or a request this wire does not know
         print(f"dlrover standby: stopping: {exc!r}", file=sys.stderr, flush=True)
         return None
-
-
-def _ended(warming: _LowPriority, timeout_s: float | None = None) -> bool:
-    """Whether the warm-up for a first step ended (within ``timeout_s``). One that failed
-    is reported on stderr (``standby.log``) and not retried: the workers it forks load
-    those modules themselves, as cold ones do; its running workers are not touched."""
-    try:
-        return warming.join(timeout_s)
-    except Exception as exc:  # (an import error of the warm-up: the standby goes on)
-        print(f"dlrover standby: the warm-up for a first step failed: {exc!r}", file=sys.stderr, flush=True)
-        return True
 
 
 def _reap(sock: socket.socket) -> None:
@@ -371,15 +326,15 @@ def main() -> None:
     low_priority = "--low-priority" in sys.argv[1:]
     if low_priority:  # workers train on this node already: all of it on idle CPU, then ready
         _preload_at_low_priority()
-    else:  # the first workers wait for it: what they need before their first line, then ready
-        _import_heavy()
+    else:  # the first workers wait for it (the agent rendezvouses meanwhile), then ready
+        _preload()
     # what is alive now stays alive in every worker: out of the collector's way (its passes
     # would touch, and so copy, every page of it; at exit they cost a forked worker 1.2 s of
     # CPU here, 0.5 s frozen). The fork-server use ``gc.freeze`` was made for (its docs).
     gc.freeze()
     standby = os.getpid()
     send_event(sock, event="ready")
-    forked = _serve(sock, first_step_later=not low_priority)
+    forked = _serve(sock)
     if forked is None:
         return
     spec, out_fd = forked

@@ -24,6 +24,7 @@ demo: setup
 test: setup
 	$(PY) -m ruff check dlrover_core plugins tests examples
 	$(VENV)/bin/lint-imports --no-cache
+	$(PY) -m compileall -q dlrover_core plugins  # bytecode once, read by every process (also under PYTHONDONTWRITEBYTECODE)
 	$(PY) -m pytest -n 2 --dist loadgroup  # pytest-xdist: two worker processes, groups from conftest.py
 
 lint: setup

@@ -198,15 +198,16 @@ def test_a_lost_node_restores_from_its_buddys_memory_not_from_storage(tmp_path):
 
     from dlrover_core import Checkpoint, Failure, Job, JobState
 
-    def job(name: str, out: Path) -> Job:
+    def job(name: str, out: Path, step_sleep_s: float) -> Job:
         return Job(name=name, entrypoint=str(SCRIPTS / "tiny_train.py"),
-                   args=["--steps", "30", "--step-sleep", "0.4", "--out", str(out)], nodes=2, accelerator="cpu",
+                   args=["--steps", "30", "--step-sleep", str(step_sleep_s), "--out", str(out)], nodes=2,
+                   accelerator="cpu",
                    checkpoint=Checkpoint(dir=str(tmp_path / name / "ck"), persist_every_steps=10),
                    failure=Failure(max_restarts=2, stop_grace_s=2, heartbeat_timeout_s=3.0),
                    log_dir=str(tmp_path / "runs"))
 
     shm_before = shm_entries()
-    run = job("lost", tmp_path / "lost.sha256").submit()
+    run = job("lost", tmp_path / "lost.sha256", 0.4).submit()
     wait_for(lambda: run.status().step >= 14, 90, "step 14")
     # the machine dies at a random moment: the replica pins keep a step every rank can restore
     time.sleep(random.Random(14).uniform(0.0, 0.8))
@@ -223,7 +224,7 @@ def test_a_lost_node_restores_from_its_buddys_memory_not_from_storage(tmp_path):
     # both nodes on one host: the puller's link is loopback, with no budget
     assert re.search(r"replica_source .*budget=loopback", (Path(result.log_dir) / "node_0.log").read_text())
 
-    clean = job("clean", tmp_path / "clean.sha256").run(progress=False)
+    clean = job("clean", tmp_path / "clean.sha256", 0.0).run(progress=False)  # (the sleep changes no parameter)
     assert clean.state == JobState.SUCCEEDED
     assert (tmp_path / "lost.sha256").read_text() == (tmp_path / "clean.sha256").read_text()
     assert job_processes(result.job_id) == []

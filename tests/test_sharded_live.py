@@ -19,7 +19,8 @@ from helpers import SCRIPTS, job_processes, kill_node, wait_for
 
 from dlrover_core import Checkpoint, Failure, Job, JobState, Nodes, Parallel
 
-pytestmark = pytest.mark.slow
+# one xdist worker runs the module, so each failure-free reference run below is made once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("sharded_live")]
 
 
 def sharded_job(tmp: Path, name: str, *, steps: int = 40, sleep_s: float = 0.05, nodes: int = 1,
@@ -62,20 +63,32 @@ def steps_by_pid(out: Path) -> dict[int, list[dict]]:
 
 
 @pytest.fixture(scope="module")
-def clean_digest(tmp_path_factory):
-    """``digest(parallel)``: the final state digest of the 60-step 2-rank job without a
-    failure (each configuration run once per module)."""
-    done: dict[tuple, dict] = {}
+def clean_run(tmp_path_factory):
+    """``clean_run(steps, nodes=1, ranks=2, parallel=("fsdp",)) -> Path``: the output
+    directory of that job run without a failure (``final.json``, ``steps_*.jsonl``), each
+    configuration run once per module. The training does not depend on what the tests vary
+    besides (step sleep, snapshot interval, replicas, persist interval): the parameters of a
+    failure-free run are those of any of them."""
+    done: dict[tuple, Path] = {}
 
-    def digest(parallel: tuple) -> dict:
-        if parallel not in done:
+    def run(steps: int, nodes: int = 1, ranks: int = 2, parallel: tuple = ("fsdp",)) -> Path:
+        key = (steps, nodes, ranks, repr(parallel))
+        if key not in done:
             tmp = tmp_path_factory.mktemp("clean")
-            result = sharded_job(tmp, "clean60", steps=60, parallel=parallel).run(progress=False)
+            result = sharded_job(tmp, "clean", steps=steps, sleep_s=0.0, nodes=nodes, ranks=ranks,
+                                 parallel=parallel).run(progress=False)
             assert result.state == JobState.SUCCEEDED, result.reason
-            done[parallel] = json.loads((tmp / "clean60" / "final.json").read_text())
-        return done[parallel]
+            done[key] = tmp / "clean"
+        return done[key]
 
-    return digest
+    return run
+
+
+@pytest.fixture(scope="module")
+def clean_digest(clean_run):
+    """``digest(parallel)``: the final state digest of the 60-step 2-rank job without a
+    failure."""
+    return lambda parallel: json.loads((clean_run(60, parallel=parallel) / "final.json").read_text())
 
 
 @pytest.mark.timeout(240)
@@ -115,7 +128,7 @@ def test_a_killed_fsdp_worker_is_replaced_live_from_memory_and_the_result_is_bit
 
 
 @pytest.mark.timeout(300)
-def test_a_lost_node_of_an_fsdp_job_rejoins_live_from_its_buddys_replica(tmp_path):
+def test_a_lost_node_of_an_fsdp_job_rejoins_live_from_its_buddys_replica(tmp_path, clean_run):
     """A 2-node FSDP2 job loses node 1 as a machine dies (its agent and worker SIGKILLed,
     its /dev/shm segments removed). The survivor on node 0 keeps its process and waits; the
     relaunched node fetches its rank's replica from node 0's memory, its worker joins the
@@ -140,9 +153,7 @@ def test_a_lost_node_of_an_fsdp_job_rejoins_live_from_its_buddys_replica(tmp_pat
     (restore,) = restored_from(result)
     assert restore[0] == "memory" and restore[1] == finals[next(p for p in finals if p != survivor)]["start"] - 1
     assert storage_bytes_read(result) == 0, "the lost node read its shard from storage"
-    clean = sharded_job(tmp_path, "clean", steps=40, sleep_s=0.0, nodes=2).run(progress=False)
-    assert clean.state == JobState.SUCCEEDED
-    assert json.loads((out / "final.json").read_text()) == json.loads((tmp_path / "clean" / "final.json").read_text())
+    assert json.loads((out / "final.json").read_text()) == json.loads((clean_run(40, nodes=2) / "final.json").read_text())
     assert job_processes(result.job_id) == []
 
 
@@ -173,9 +184,9 @@ def test_a_replacement_killed_while_it_joins_is_replaced_again_and_the_world_goe
                 return int(line.split(" pid=", 1)[1].split()[0])
         return None
 
-    second = wait_for(replacement, 60, "a replacement")
+    second = wait_for(replacement, 60, "a replacement", poll_s=0.02)  # (killed while it starts, below)
     if when == "asked":  # it asked to join: the world forms now, the survivor reconnects its groups
-        wait_for(lambda: "live_join_waiting" in node_log.read_text(), 60, "the replacement's ask")
+        wait_for(lambda: "live_join_waiting" in node_log.read_text(), 60, "the replacement's ask", poll_s=0.02)
         time.sleep(rnd.uniform(0.0, 0.3))
     else:  # anywhere from its start to its join
         time.sleep(rnd.uniform(0.0, 1.5))
@@ -196,7 +207,7 @@ HSDP = (("mesh", [("data", 2), ("replicate", 2)]), "fsdp")
 
 
 @pytest.mark.timeout(300)
-def test_a_killed_hsdp_worker_is_replaced_live_and_the_result_is_bit_identical(tmp_path):
+def test_a_killed_hsdp_worker_is_replaced_live_and_the_result_is_bit_identical(tmp_path, clean_run):
     """A mesh job (data x replicate: HSDP, 4 ranks on 2 nodes; rank 3 shares its shard with
     rank 1 and its replica group with rank 2): rank 3 is SIGKILLed. The other three keep
     their processes, the mesh's sub-groups reconnect in place, the replacement loads its
@@ -222,11 +233,10 @@ def test_a_killed_hsdp_worker_is_replaced_live_and_the_result_is_bit_identical(t
     assert restored_from(result) in ([("memory", finals[replacement]["start"] - 1)],
                                      [("peer", finals[replacement]["start"] - 1)])
     assert storage_bytes_read(result) == 0
-    clean = sharded_job(tmp_path, "clean", steps=30, sleep_s=0.0, nodes=2, ranks=4, parallel=HSDP).run(progress=False)
-    assert clean.state == JobState.SUCCEEDED, clean.reason
-    shards = {(r["rank"], r["step"]): r["shard"] for rows in steps_by_pid(tmp_path / "clean").values() for r in rows}
+    clean = clean_run(30, nodes=2, ranks=4, parallel=HSDP)
+    shards = {(r["rank"], r["step"]): r["shard"] for rows in steps_by_pid(clean).values() for r in rows}
     assert shards[0, 5] == shards[2, 5] != shards[1, 5] == shards[3, 5], "HSDP: ranks 0 and 2 hold one shard"
-    assert json.loads((out / "final.json").read_text()) == json.loads((tmp_path / "clean" / "final.json").read_text())
+    assert json.loads((out / "final.json").read_text()) == json.loads((clean / "final.json").read_text())
     assert job_processes(result.job_id) == []
 
 
@@ -240,7 +250,8 @@ def applied_steps(out: Path) -> dict[int, list[int]]:
 
 
 @pytest.mark.timeout(300)
-def test_an_hsdp_replacement_whose_snapshot_lags_takes_its_shard_from_its_replica_peer_with_no_rollback(tmp_path):
+def test_an_hsdp_replacement_whose_snapshot_lags_takes_its_shard_from_its_replica_peer_with_no_rollback(tmp_path,
+                                                                                                       clean_run):
     """HSDP (data x replicate, 4 ranks on 2 nodes) snapshotting rarely (step 0 only in this
     run): rank 3 is SIGKILLed at step 10 inside its backward, after its last reduce-scatter
     and before its last all-reduce with rank 1 (which holds the same shard). Ranks 0 and 2
@@ -281,15 +292,13 @@ def test_an_hsdp_replacement_whose_snapshot_lags_takes_its_shard_from_its_replic
     # it keeps what it received as its snapshot of that step, as if restored from memory (its
     # node's replicas are of a step every rank of the node holds)
     assert f"checkpoint_peer_state_kept rank=3 step={resumed_after}" in logs
-    clean = sharded_job(tmp_path, "clean", steps=30, sleep_s=0.0, nodes=2, ranks=4, parallel=HSDP,
-                        memory_every_steps=100).run(progress=False)
-    assert clean.state == JobState.SUCCEEDED, clean.reason
-    assert json.loads((out / "final.json").read_text()) == json.loads((tmp_path / "clean" / "final.json").read_text())
+    clean = clean_run(30, nodes=2, ranks=4, parallel=HSDP)
+    assert json.loads((out / "final.json").read_text()) == json.loads((clean / "final.json").read_text())
     assert job_processes(result.job_id) == []
 
 
 @pytest.mark.timeout(300)
-def test_a_lost_node_of_an_hsdp_job_without_replicas_rejoins_live_from_the_other_replica_group(tmp_path):
+def test_a_lost_node_of_an_hsdp_job_without_replicas_rejoins_live_from_the_other_replica_group(tmp_path, clean_run):
     """HSDP, 4 ranks on 2 nodes, ``Checkpoint(replicas=0)``: node 1 (ranks 2 and 3, one
     replica of each shard) dies as a machine does. No snapshot of its ranks survives
     anywhere, yet ranks 0 and 1 hold the same shards: they keep their processes and each
@@ -317,15 +326,14 @@ def test_a_lost_node_of_an_hsdp_job_without_replicas_rejoins_live_from_the_other
     assert logs.count("checkpoint_peer_state_kept") == 2
     applied = applied_steps(out)
     assert applied[0] == applied[1] == list(range(30)), "a survivor trained a step twice"
-    clean = sharded_job(tmp_path, "clean", steps=30, sleep_s=0.0, nodes=2, ranks=4, parallel=HSDP,
-                        replicas=0).run(progress=False)
-    assert clean.state == JobState.SUCCEEDED, clean.reason
-    assert json.loads((out / "final.json").read_text()) == json.loads((tmp_path / "clean" / "final.json").read_text())
+    clean = clean_run(30, nodes=2, ranks=4, parallel=HSDP)
+    assert json.loads((out / "final.json").read_text()) == json.loads((clean / "final.json").read_text())
     assert job_processes(result.job_id) == []
 
 
 @pytest.mark.timeout(300)
-def test_a_lost_node_of_an_fsdp_job_without_replicas_restarts_every_worker_from_storage_and_says_why(tmp_path):
+def test_a_lost_node_of_an_fsdp_job_without_replicas_restarts_every_worker_from_storage_and_says_why(tmp_path,
+                                                                                                     clean_run):
     """FSDP2 on 2 nodes with ``Checkpoint(replicas=0)``: node 1 dies as a machine does, and
     rank 1's shard survives nowhere in memory (no replica, no replica group). The survivor
     cannot go on live, so every worker restarts at once (one failure, one restart counted:
@@ -352,15 +360,13 @@ def test_a_lost_node_of_an_fsdp_job_without_replicas_restarts_every_worker_from_
         "".join(p.read_text() for p in Path(result.log_dir).glob("node_*.log"))))
     assert restores[1][0] == "storage" and restores[1][1] >= 10, restores  # (a commit at step 10 or later)
     assert storage_bytes_read(result) > 0
-    clean = sharded_job(tmp_path, "clean", steps=40, sleep_s=0.0, nodes=2, replicas=0).run(progress=False)
-    assert clean.state == JobState.SUCCEEDED, clean.reason
     assert json.loads((tmp_path / "lost" / "final.json").read_text()) == json.loads(
-        (tmp_path / "clean" / "final.json").read_text())
+        (clean_run(40, nodes=2) / "final.json").read_text())
     assert job_processes(result.job_id) == []
 
 
 @pytest.mark.timeout(300)
-def test_a_node_and_then_the_buddy_holding_its_replica_lost_restart_every_worker_from_storage(tmp_path):
+def test_a_node_and_then_the_buddy_holding_its_replica_lost_restart_every_worker_from_storage(tmp_path, clean_run):
     """FSDP2 on 2 nodes with replicas (each node holds the other's): node 1 dies as a
     machine does, and half a second later node 0 — the buddy holding node 1's replica, and
     whose own replica was on node 1. No copy of rank 0's shard survives in memory, so the
@@ -384,10 +390,8 @@ def test_a_node_and_then_the_buddy_holding_its_replica_lost_restart_every_worker
     assert any("no other node holds" in f.action or "not live" in f.action for f in result.failures[1:]), [
         f.action for f in result.failures]
     assert storage_bytes_read(result) > 0, "rank 0's shard survived nowhere in memory: it must come from storage"
-    clean = sharded_job(tmp_path, "clean", steps=40, sleep_s=0.0, nodes=2).run(progress=False)
-    assert clean.state == JobState.SUCCEEDED, clean.reason
     assert json.loads((tmp_path / "lost" / "final.json").read_text()) == json.loads(
-        (tmp_path / "clean" / "final.json").read_text())
+        (clean_run(40, nodes=2) / "final.json").read_text())
     assert job_processes(result.job_id) == []
 
 

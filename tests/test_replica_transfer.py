@@ -207,7 +207,7 @@ def test_a_lost_node_restores_from_its_buddys_memory_not_from_storage(tmp_path):
                    log_dir=str(tmp_path / "runs"))
 
     shm_before = shm_entries()
-    run = job("lost", tmp_path / "lost.sha256", 0.4).submit()
+    run = job("lost", tmp_path / "lost.sha256", 0.2).submit()
     wait_for(lambda: run.status().step >= 14, 90, "step 14")
     # the machine dies at a random moment: the replica pins keep a step every rank can restore
     time.sleep(random.Random(14).uniform(0.0, 0.8))

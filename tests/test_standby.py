@@ -78,7 +78,7 @@ def test_a_low_priority_standby_warms_up_at_nice_19_and_its_worker_runs_at_the_a
         assert seen_low_group, "the standby's autogroup did not warm up at nice 19"
         left = _thread_nices(standby.popen.pid)  # no thread the warm-up started keeps nice 19
         assert set(left.values()) == {os.getpriority(os.PRIO_PROCESS, 0)}, left
-        proc = fork(standby, argv=[sys.executable, "-u", str(script)], env=env, cwd=str(tmp_path))
+        proc = standby.fork(argv=[sys.executable, "-u", str(script)], env=env, cwd=str(tmp_path))
         out = proc.stdout.read()
         proc.wait(timeout=60)
     finally:
@@ -116,15 +116,10 @@ def standby(tmp_path_factory):
     s.close()
 
 
-def fork(standby, **kwargs):
-    """``standby.fork``: a warm standby forks at once."""
-    return standby.fork(**kwargs)
-
-
 def _fork(standby, tmp_path, code: str, *args: str, env: dict[str, str] | None = None):
     script = tmp_path / f"w{time.monotonic_ns()}.py"
     script.write_text(code)
-    return fork(standby, argv=[sys.executable, "-u", str(script), *args], env={**os.environ, **(env or {})},
+    return standby.fork(argv=[sys.executable, "-u", str(script), *args], env={**os.environ, **(env or {})},
                 cwd=str(tmp_path))
 
 
@@ -176,11 +171,11 @@ def test_forked_workers_draw_their_own_random_numbers_as_cold_processes_do(stand
 def test_a_module_and_a_command_run_as_with_python_m_and_c(standby, tmp_path):
     # as ``python -m``: sys.argv[0] is the module's file
     (tmp_path / "pkg_mod_x.py").write_text("import os, sys\nprint('module', __name__, os.path.basename(sys.argv[0]), sys.argv[1:])\n")
-    proc = fork(standby, argv=[sys.executable, "-u", "-m", "pkg_mod_x", "a"], env={**os.environ, "PYTHONPATH": str(tmp_path)},
+    proc = standby.fork(argv=[sys.executable, "-u", "-m", "pkg_mod_x", "a"], env={**os.environ, "PYTHONPATH": str(tmp_path)},
                         cwd=str(tmp_path))
     out = proc.stdout.read().decode()
     assert proc.wait(timeout=30) == 0 and "module __main__ pkg_mod_x.py ['a']" in out, out
-    proc = fork(standby, argv=[sys.executable, "-c", "import sys; print('command', __name__, sys.argv)", "z"],
+    proc = standby.fork(argv=[sys.executable, "-c", "import sys; print('command', __name__, sys.argv)", "z"],
                         env=dict(os.environ), cwd=str(tmp_path))
     out = proc.stdout.read().decode()
     assert proc.wait(timeout=30) == 0 and "command __main__ ['-c', 'z']" in out, out
@@ -252,7 +247,7 @@ def test_stress_random_forks_exits_and_kills_from_two_threads_give_each_worker_i
     def forker(part: list[int]) -> None:
         for i in part:
             code, sleep_s, kill = plans[i]
-            proc = fork(standby, argv=[sys.executable, "-u", str(script), str(code), str(sleep_s if not kill else 30)],
+            proc = standby.fork(argv=[sys.executable, "-u", str(script), str(code), str(sleep_s if not kill else 30)],
                                 env=dict(os.environ), cwd=str(tmp_path))
             with lock:
                 results[i] = (proc, kill)

@@ -16,8 +16,8 @@ loads (:func:`_first_step`: ``torch._dynamo`` and sympy, which ``DistributedData
 and ``fully_shard`` import at construction, about 2 CPU-s). The first one does it at the
 agent's priority while the agent registers and rendezvouses, so each forked worker, the
 first ones included, skips those imports: a node pays for them once, not once per worker
-plus once in the standby (measured on a 2-node job here: 1 CPU-s less per job, the same
-time to the workers' restore). A standby started while workers train on the node (the first
+plus once in the standby. The first training step comes no later for it
+(``benchmarks/launch.py``); a script that never wraps a model waits for it all the same. A standby started while workers train on the node (the first
 one died) warms up at the lowest CPU priority (``--low-priority``: nice 19, for its thread
 and, where the kernel groups processes by session, for the standby's session; see
 :func:`_preload_at_low_priority`), so it waits for idle CPU instead of slowing the training.

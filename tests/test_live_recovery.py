@@ -225,17 +225,33 @@ def test_two_workers_killed_in_quick_succession_on_a_three_worker_node(tmp_path)
 
 @pytest.mark.timeout(300)
 def test_replacement_killed_while_it_joins(tmp_path):
+    """Rank 1 is SIGKILLed; its replacement is SIGKILLed in the middle of its join, while
+    the survivor sends it the live state (128 MiB of ballast make the send long enough to
+    hit): the survivor goes on, a second replacement joins live, and the killed one never
+    trained a step. (A warm standby's replacement joins within a fraction of a second, so
+    the kill is timed by the send, not by a guess.)"""
     shm_before = shm_entries()
-    run = live_job(tmp_path, "live3", steps=200).submit()
+    run = live_job(tmp_path, "live3", steps=200, extra=("--ballast-mb", "128")).submit()
     pids = first_pids(run, 2)
     wait_for(lambda: run.status().step >= 10, 60, "step 10")
+    (tmp_path / "pace").write_text("0.3")  # the survivor trains on until a replacement joins, even on a loaded machine
+    killed_at = time.time()
     os.kill(pids[1], signal.SIGKILL)
-    wait_for(lambda: run.status().worker_pids.get(1) not in (None, pids[1]), 60, "the replacement")
+    sending = tmp_path / "out" / f"sending_{pids[0]}"  # (also written when the loop checked the state at start)
+
+    def sends() -> bool:
+        try:
+            return float(sending.read_text()) > killed_at
+        except (OSError, ValueError):
+            return False
+
+    wait_for(sends, 90, "rank 0 sending its state to the replacement", poll_s=0.002)
     replacement = run.status().worker_pids[1]
-    os.kill(replacement, signal.SIGKILL)  # it is still starting (importing, building its model) or joining
+    assert replacement != pids[1]
+    os.kill(replacement, signal.SIGKILL)
     hurry_once_whole(tmp_path, run, 2, gone={pids[1], replacement})
     result = finish(run, shm_before)
-    assert result.restarts == 2 and [f.recovery for f in result.failures] == ["live", "live"]
+    assert result.restarts == 2 and [f.recovery for f in result.failures] == ["live", "live"], result.failures
     by_step = check_lineage(tmp_path, steps=200, world_size=2, survivors={pids[0]})
     assert all(r["pid"] != replacement for records in by_step.values() for r in records)
 

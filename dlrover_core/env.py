@@ -26,6 +26,7 @@ __all__ = [
     "WORKER_EXEC",
     "CONSOLE_LOCAL_RANKS",
     "STANDBY_FD",
+    "SHARED_STANDBY",
     "LOCAL_RANK",
     "CPU_AFFINITY",
     "GC_AT_EXIT",
@@ -70,6 +71,11 @@ CONSOLE_LOCAL_RANKS = "DLROVER_CONSOLE_LOCAL_RANKS"
 #: In a standby's environment: its end of the socket the agent sends worker commands on
 #: (``dlrover_core.agent.standby``)
 STANDBY_FD = "DLROVER_STANDBY_FD"
+#: "1" in an agent's environment where several nodes share the host (the local scheduler): the
+#: nodes' standbys are forked from one warm process of the host instead of each importing
+#: torch itself (``dlrover_core.agent.zygote``); "0" in the environment of the process that
+#: submits a local job: a standby process per node
+SHARED_STANDBY = "DLROVER_SHARED_STANDBY"
 #: In a worker: its local rank on its node, whatever ``LOCAL_RANK`` says (``dlrover run
 #: --virtual-local-rank`` makes ``LOCAL_RANK`` 0 for every worker, as torchrun's does)
 LOCAL_RANK = "DLROVER_LOCAL_RANK"

@@ -66,6 +66,7 @@ __all__ = [
     "SLURM_SCRIPT",
     "SLURM_SUBMIT",
     "STANDBY_LOG",
+    "SHARED_STANDBY_LOG",
     "RunDir",
     "error_file",
     "node_dir",
@@ -159,6 +160,9 @@ def node_dir(node_id: int | str) -> str:
 
 #: A node's warm standby's own output (its warm-up's warnings and errors), inside its node's directory.
 STANDBY_LOG = "standby.log"
+#: The output of the standby the nodes of one host share (``DLROVER_SHARED_STANDBY``: the
+#: process that forks each node's standby), in the run's directory.
+SHARED_STANDBY_LOG = "shared_standby.log"
 
 
 def round_dir(round_index: int | str) -> str:

@@ -69,6 +69,21 @@ def shm_entries() -> set[str]:
         return set()
 
 
+def node_standbys(log_dir: str | Path, node_id: int) -> list[psutil.Process]:
+    """The warm standbys of node ``node_id`` of the run in ``log_dir``: the processes whose
+    output goes to the node's ``standby.log``. (Where nodes share the host's standby, a
+    node's standby is not a child of its agent but of the shared one.)"""
+    log = os.path.realpath(Path(log_dir) / f"node_{node_id}" / "standby.log")
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and os.readlink(f"/proc/{p.pid}/fd/1") == log:
+                found.append(p)
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
 def kill_node(run: Any, node_id: int) -> None:
     """Node ``node_id`` of a local-scheduler job dies as a machine does: its agent and every
     process under it SIGKILLed, its shared memory gone at once. Only the dying incarnation's
@@ -83,6 +98,8 @@ def kill_node(run: Any, node_id: int) -> None:
     handle = json.loads((Path(run.handle.log_dir) / "handle.json").read_text())
     agent = psutil.Process(handle["agents"][f"node-{node_id}"])
     victims = [agent, *agent.children(recursive=True)]
+    for standby in node_standbys(run.handle.log_dir, node_id):  # (and their workers)
+        victims += [standby, *standby.children(recursive=True)]
     prefix = node_prefix(run.job_id, node_id)
     tokens = {name[len(prefix):].split("-", 1)[0] for name in os.listdir(SHM_DIR) if name.startswith(prefix)}
     for p in victims:

@@ -250,7 +250,8 @@ def test_a_replaced_agent_that_comes_back_touches_nothing_of_its_replacement(tmp
             assert time.monotonic() < deadline
             time.sleep(0.1)
         new_agent = new_agents[0]
-        new_workers = {p.pid for p in new_agent.children(recursive=True)}
+        new_workers = set(run.status().worker_pids.values())  # (the new round's, the new agent's among them)
+        assert len(new_workers) == 2, new_workers
         segments = _segments(run.job_id, 1)
         assert segments, "the new agent's workers hold snapshots"
     finally:

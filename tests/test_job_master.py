@@ -279,6 +279,28 @@ def test_without_train_steps_every_worker_restarts_and_the_record_says_why(workd
     assert m.required_round == 1
 
 
+def test_a_worker_told_by_the_live_world_that_every_worker_restarts_exits_without_a_failure(workdir):
+    """A survivor whose live world closed asks for its place, hears "restart" and exits (1)
+    on that order; its agent reports the exit, maybe before it heard of the new round. The
+    report changes nothing and is no failure of the job; a peer's exit that nobody ordered
+    still is listed (a consequence, not counted)."""
+    from dlrover_core.protocol import LiveReform
+
+    m = live_master(workdir)
+    ready(m, 0)  # node 1's worker has not reached train.steps() yet: every worker restarts
+    fail(m, 0, 0, 0, -9)
+    assert m.required_round == 1 and len(m.failures) == 1
+    answer = m.live_reform(LiveReform(node_id=1, local_rank=0, pid=101, round=0, generation=0, reason="error",
+                                      error="Connection closed by peer"))
+    assert answer.state == "restart"
+    fail(m, 1, 0, 1, 1)  # it exited as told
+    assert len(m.failures) == 1, m.failures
+    events = [json.loads(line) for line in (m.log_dir / "events.jsonl").read_text().splitlines()]
+    assert [e["action"] for e in events if e["kind"] == "worker_failed"][-1] == "none: round 0 was already being restarted"
+    fail(m, 0, 0, 0, 1)  # not told: a consequence, listed (not counted)
+    assert len(m.failures) == 2 and not m.failures[-1][1]
+
+
 def test_live_recovery_off_or_sharded_state_without_memory_restarts_every_worker(workdir):
     m = live_master(workdir, live_recovery=False)
     assert m.live is None and m.live_why == "failure.live_recovery=False"

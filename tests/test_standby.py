@@ -287,10 +287,9 @@ def test_a_job_whose_standby_is_killed_goes_on_and_its_node_gets_a_new_standby(t
     children), the agent reports the failure and restarts them — cold, as no standby is warm
     — and starts a new standby at nice 19; the job ends SUCCEEDED within its restart budget
     and leaves no process behind."""
-    import json
     import signal
 
-    from helpers import SCRIPTS, job_processes, wait_for
+    from helpers import SCRIPTS, job_processes, node_standbys, wait_for
 
     from dlrover_core import Checkpoint, Failure, Job, JobState, Nodes
 
@@ -302,10 +301,8 @@ def test_a_job_whose_standby_is_killed_goes_on_and_its_node_gets_a_new_standby(t
     run = job.submit()
     try:
         wait_for(lambda: run.status().step >= 10, 150, "step 10")
-        agent = json.loads((Path(run.handle.log_dir) / "handle.json").read_text())["agents"]["node-0"]
-        (standby,) = [int(p) for p in Path(f"/proc/{agent}/task/{agent}/children").read_text().split()
-                      if "dlrover_core.agent.standby" in Path(f"/proc/{p}/cmdline").read_text()]
-        os.kill(standby, signal.SIGKILL)
+        (standby,) = node_standbys(run.handle.log_dir, 0)
+        os.kill(standby.pid, signal.SIGKILL)
     finally:
         result = run.wait(progress=False, timeout_s=200)
     assert result.state == JobState.SUCCEEDED, result.reason

@@ -523,9 +523,12 @@ class ElasticAgent:
         if (not self.job.failure.warm_restart or os.environ.get(env_names.WORKER_EXEC) == "1"
                 or self._standby_failed or self._stop.is_set()):
             return
+        shared = os.environ.get(env_names.SHARED_STANDBY) == "1"  # nodes share this host (the local scheduler)
         self._standby = Standby(env=self._standby_env(), cwd=self.job.workdir, job_id=self.job_id,
-                                log_file=self.node_dir / rundir.STANDBY_LOG, low_priority=low_priority)
-        log.debug("standby_started", node_id=self.node_id, pid=self._standby.pid, low_priority=low_priority)
+                                log_file=self.node_dir / rundir.STANDBY_LOG, low_priority=low_priority,
+                                shared_log_file=self.log_dir / rundir.SHARED_STANDBY_LOG if shared else None)
+        log.debug("standby_started", node_id=self.node_id, pid=self._standby.pid, low_priority=low_priority,
+                  shared=self._standby.shared)
 
     def _keep_standby(self) -> None:
         """Start a new standby where the node's one died after it was warm (at nice 19: the
@@ -533,7 +536,7 @@ class ElasticAgent:
         if self._standby is not None and not self._standby.alive():
             warm = self._standby.warmed
             log.warning("standby_exited", node_id=self.node_id, pid=self._standby.pid,
-                        exit_code=self._standby.popen.poll(), warm=warm,
+                        exit_code=self._standby.exit_code, warm=warm,
                         log=str(self.node_dir / rundir.STANDBY_LOG))
             self._standby.close()
             self._standby = None

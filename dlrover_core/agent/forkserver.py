@@ -25,13 +25,24 @@ gives the agent the :class:`subprocess.Popen` calls it uses (``pid``, ``stdout``
 ``wait``, ``returncode``) from the standby's reports. Each worker runs in its own session,
 is killed by the kernel when the standby dies (``PR_SET_PDEATHSIG``), and the standby is
 killed when the agent dies; a standby that dies leaves its workers' exit code ``-9``.
+
+Where the nodes of a job share a host (``DLROVER_SHARED_STANDBY=1``, the local scheduler),
+the standby is not started as a process of its own but forked, already warm, by the host's
+shared standby (:mod:`dlrover_core.agent.zygote`, :func:`ask_shared_standby`): the agent
+hands it the standby's end of the socket pair, and the wire above is the same. Such a
+standby is the shared one's child, not the agent's: it exits when the agent's end of the
+socket closes (the agent exits or dies), and :class:`Standby` watches it through a pidfd
+(``pidfd_open(2)``). Where no shared standby can serve (it cannot start, it refuses, it
+exits before forking), the agent starts a standby of its own, as above.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
+import select
 import signal
 import socket
 import struct
@@ -49,11 +60,28 @@ from dlrover_core.env import CPU_AFFINITY, JOB_ID, STANDBY_FD, WATCH_PID
 from dlrover_core.errors import DLRoverError
 from dlrover_core.logging import get_logger
 
-__all__ = ["ForkedProcess", "Standby", "StandbyGone", "launcher", "recv_request", "send_event"]
+__all__ = [
+    "SHARED_HEADER",
+    "ForkedProcess",
+    "Standby",
+    "StandbyGone",
+    "ask_shared_standby",
+    "launcher",
+    "recv_request",
+    "send_event",
+    "shared_standby_digest",
+    "shared_standby_name",
+]
 
 log = get_logger()
 
 _HEADER = struct.Struct("!cI")  # b"F", payload length
+#: A request to the host's shared standby (:mod:`dlrover_core.agent.zygote`): b"S", payload length.
+SHARED_HEADER = struct.Struct("!cI")
+#: How long an agent waits for the shared standby it started to listen (seconds).
+_SHARED_START_TIMEOUT_S = 30.0
+#: What may differ between the standbys of the nodes that share one (what names the agent).
+_PER_AGENT_VARIABLES = frozenset({WATCH_PID, STANDBY_FD})
 #: How long a fork request waits for the standby's answer (it forks at once when warm).
 _FORK_TIMEOUT_S = 30.0
 
@@ -133,6 +161,107 @@ def recv_request(sock: socket.socket) -> tuple[dict[str, Any], int] | None:
     return request, fds[0]
 
 
+# ----- the host's shared standby ---------------------------------------------------------------------
+
+
+def shared_standby_digest(env: dict[str, str], cwd: str) -> str:
+    """What a warm-up depends on, as a hex digest: the interpreter, the user, the working
+    directory and the environment but for what names the agent (:data:`_PER_AGENT_VARIABLES`).
+    Standbys whose digests are equal would be identical once warm."""
+    h = hashlib.sha256()
+    for part in (sys.executable, str(os.getuid()), cwd):
+        h.update(part.encode() + b"\0")
+    for key in sorted(env):
+        if key not in _PER_AGENT_VARIABLES:
+            h.update(f"{key}={env[key]}".encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def shared_standby_name(job_id: str, env: dict[str, str], cwd: str) -> str:
+    """The abstract socket name of the shared standby for a standby with ``env`` and ``cwd``."""
+    return f"dlrover-standby-{os.getuid()}-{job_id}-{shared_standby_digest(env, cwd)}"
+
+
+def _connect(name: str) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(b"\0" + name.encode())
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+# Runs as the shared standby's starter: forks, and the child execs the shared standby while
+# the starter exits at once, so that the shared standby leaves the process tree of the agent
+# that started it (the agent reaps the starter). A tiny interpreter start (``-S``).
+_DAEMONIZE_EXEC = "import os,sys;os.fork() and os._exit(0);os.execv(sys.argv[1],sys.argv[1:])"
+
+
+def _start_shared_standby(name: str, *, env: dict[str, str], cwd: str, shared_log_file: Path | None, job_id: str,
+                          low_priority: bool) -> None:
+    """Bind ``name`` here and start the shared standby on it (it inherits the listening
+    socket, so a connection made now waits in its backlog while it warms up). Returns
+    without starting one when another agent bound ``name`` first.
+
+    Raises:
+        StandbyGone: it could not be started.
+    """
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        try:
+            listener.bind(b"\0" + name.encode())
+        except OSError:  # another agent of this host started it a moment ago
+            return
+        listener.listen(64)
+        argv = [sys.executable, "-S", "-c", _DAEMONIZE_EXEC, sys.executable, "-u", "-m", "dlrover_core.agent.zygote",
+                "--listen-fd", str(listener.fileno()), "--job-id", job_id, *(["--low-priority"] if low_priority else [])]
+        out = open(shared_log_file, "ab") if shared_log_file is not None else subprocess.DEVNULL  # noqa: SIM115 (closed below)
+        try:
+            starter = subprocess.Popen(argv, env=env, cwd=cwd, pass_fds=(listener.fileno(),),
+                                       stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+            starter.wait(timeout=_SHARED_START_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise StandbyGone(f"could not start the shared standby: {exc}") from exc
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()
+    finally:
+        listener.close()
+
+
+def ask_shared_standby(*, wire: socket.socket, env: dict[str, str], cwd: str, log_file: Path | None,
+                       shared_log_file: Path | None, job_id: str, low_priority: bool) -> None:
+    """Ask the host's shared standby for ``env`` and ``cwd`` (:mod:`dlrover_core.agent.zygote`)
+    to fork a standby that serves ``wire``, starting the shared one first when none listens.
+    Returns once asked; the standby says ``ready`` (or ``refused``) on ``wire``.
+
+    Raises:
+        StandbyGone: no shared standby could be started or reached (start an own one).
+    """
+    env = {**env, JOB_ID: job_id}  # (a process of the job: ``ps``, cleanup)
+    name = shared_standby_name(job_id, env, cwd)
+    conn = _connect(name)
+    if conn is None:
+        _start_shared_standby(name, env=env, cwd=cwd, shared_log_file=shared_log_file, job_id=job_id,
+                              low_priority=low_priority)
+        conn = _connect(name)
+        if conn is None:
+            raise StandbyGone("the shared standby is not listening")
+    with conn:
+        log_fd = os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if log_file else os.open(
+            os.devnull, os.O_WRONLY)
+        try:
+            payload = json.dumps({"env": env, "cwd": cwd}).encode()
+            socket.send_fds(conn, [SHARED_HEADER.pack(b"S", len(payload))], [wire.fileno(), log_fd])
+            conn.sendall(payload)
+        except OSError as exc:
+            raise StandbyGone(f"the shared standby did not take the request: {exc}") from exc
+        finally:
+            os.close(log_fd)
+
+
 # ----- the agent's side ----------------------------------------------------------------------------
 
 
@@ -182,30 +311,24 @@ class Standby:
         job_id: the job's id, on its command line and in its environment (``ps``, cleanup).
         low_priority: warm up at nice 19 (:func:`dlrover_core.agent.standby._preload_at_low_priority`):
             for a standby started while workers train on the node.
+        shared_log_file: with a ``job_id``, on Linux: ask the host's shared standby
+            (:mod:`dlrover_core.agent.zygote`, whose output goes to this file) to fork this
+            one, already warm, starting it when none runs; a process of its own where it
+            cannot (none could start, or it refused). None: always a process of its own.
     """
 
     def __init__(self, *, env: dict[str, str], cwd: str, log_file: Path | None = None, job_id: str = "",
-                 low_priority: bool = False) -> None:
+                 low_priority: bool = False, shared_log_file: Path | None = None) -> None:
         self.low_priority = low_priority
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        argv = [*launcher(), sys.executable, "-u", "-m", "dlrover_core.agent.standby"]
-        if low_priority:
-            argv.append("--low-priority")
-        if job_id:
-            argv += ["--job-id", job_id]
-        out = open(log_file, "ab") if log_file is not None else subprocess.DEVNULL  # noqa: SIM115 (closed below)
-        try:
-            self.popen = subprocess.Popen(
-                argv, env={**env, STANDBY_FD: str(theirs.fileno()), **({JOB_ID: job_id} if job_id else {})},
-                cwd=cwd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )
-        finally:
-            theirs.close()
-            if out is not subprocess.DEVNULL:
-                out.close()
-        self.pid = self.popen.pid
-        self._sock = ours
+        self._env = env
+        self._cwd = cwd
+        self._log_file = log_file
+        self._job_id = job_id
+        self.popen: subprocess.Popen | None = None  # a standby of its own
+        self.pid: int | None = None  # known once started (its own) or ready (a shared one's)
+        self._pidfd: int | None = None  # a shared one's (not this process's child)
+        self.shared = False  # forked by the host's shared standby
+        self._closing = threading.Event()
         self._request_lock = threading.Lock()  # one request on the socket at a time
         self._exits = threading.Condition()  # guards the tables below
         self._requests = 0  # the last request's number
@@ -215,13 +338,49 @@ class Standby:
         self._forked: set[int] = set()  # pids of workers not reaped yet
         self._ready = threading.Event()
         self._gone = threading.Event()
+        self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            if shared_log_file is not None and job_id and sys.platform == "linux":
+                try:  # (connecting and sending take no time; starting the shared one ~0.3 s)
+                    ask_shared_standby(wire=theirs, env=env, cwd=cwd, log_file=log_file,
+                                       shared_log_file=shared_log_file, job_id=job_id, low_priority=low_priority)
+                    self.shared = True
+                except StandbyGone as exc:
+                    log.info("standby_not_shared", reason=str(exc))
+            if not self.shared:
+                self._start_own(theirs)
+        finally:
+            theirs.close()
         self._reader = threading.Thread(target=self._read_events, name="dlrover-standby-events", daemon=True)
         self._reader.start()
+
+    def _start_own(self, theirs: socket.socket) -> None:
+        argv = [*launcher(), sys.executable, "-u", "-m", "dlrover_core.agent.standby"]
+        if self.low_priority:
+            argv.append("--low-priority")
+        if self._job_id:
+            argv += ["--job-id", self._job_id]
+        out = open(self._log_file, "ab") if self._log_file is not None else subprocess.DEVNULL  # noqa: SIM115 (closed below)
+        try:
+            self.popen = subprocess.Popen(
+                argv, env={**self._env, STANDBY_FD: str(theirs.fileno()), **({JOB_ID: self._job_id} if self._job_id else {})},
+                cwd=self._cwd, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()
+        self.pid = self.popen.pid
 
     # ----- state -------------------------------------------------------------------------
 
     def alive(self) -> bool:
-        return not self._gone.is_set() and self.popen.poll() is None
+        return not self._gone.is_set() and (self.popen is None or self.popen.poll() is None)
+
+    @property
+    def exit_code(self) -> int | None:
+        """Its exit code once it exited, where known (a shared one's parent is not this process)."""
+        return self.popen.poll() if self.popen is not None else None
 
     @property
     def warmed(self) -> bool:
@@ -294,6 +453,29 @@ class Standby:
             return self._codes.get(pid)
 
     def _read_events(self) -> None:
+        refused = self._read_lines()
+        if refused is not None and not self._closing.is_set():
+            # the shared standby would not fork one (or died first): a standby of its own
+            log.info("standby_not_shared", reason=refused)
+            with self._request_lock:
+                if not self._closing.is_set():  # (close() takes this lock to close the socket)
+                    old = self._sock
+                    self._sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                    self.shared = False
+                    try:
+                        self._start_own(theirs)
+                    except OSError as exc:
+                        log.warning("standby_start_failed", error=str(exc))
+                    finally:
+                        theirs.close()
+                        old.close()
+            if self.popen is not None and not self._closing.is_set():
+                self._read_lines()
+        self._on_gone()
+
+    def _read_lines(self) -> str | None:
+        """Read the standby's events until its socket closes. Returns why a shared one was
+        not had (refused, or the socket closed before it said ready), else None."""
         try:
             with self._sock.makefile("rb") as lines:
                 for line in lines:
@@ -303,7 +485,9 @@ class Standby:
                         continue
                     kind = event.get("event")
                     if kind == "ready":
-                        self._ready.set()
+                        self._on_ready(event.get("pid"))
+                    elif kind == "refused":
+                        return f"the shared standby refused: {event.get('reason')}"
                     elif kind == "started":
                         self._on_started(int(event["id"]), event.get("pid"), str(event.get("error") or ""))
                     elif kind == "exited":
@@ -313,7 +497,16 @@ class Standby:
                             self._exits.notify_all()
         except (OSError, ValueError):
             pass
-        self._on_gone()
+        if self.shared and not self._ready.is_set():
+            return "the shared standby exited before it forked this one"
+        return None
+
+    def _on_ready(self, pid: Any) -> None:
+        if self.shared and isinstance(pid, int):
+            self.pid = pid
+            with contextlib.suppress(OSError):  # (gone already: its socket says so next)
+                self._pidfd = os.pidfd_open(pid)
+        self._ready.set()
 
     def _on_started(self, number: int, pid: int | None, error: str) -> None:
         with self._exits:
@@ -348,20 +541,34 @@ class Standby:
             self._exits.notify_all()
         if orphans:
             log.warning("standby_exited_with_workers", standby_pid=self.pid, pids=orphans,
-                        exit_code=self.popen.poll())
+                        exit_code=self.exit_code)
 
     def close(self) -> None:
-        """Retire it: closing its socket makes it exit (its workers, if any, with it)."""
-        with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
-        with contextlib.suppress(OSError):
-            self._sock.close()
-        if not self._ready.is_set():  # still importing: it reads its socket only once warm
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.popen.pid, signal.SIGKILL)
-        try:
-            self.popen.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
+        """Retire it: closing its socket makes it exit (its workers, if any, with it); wait
+        until it has."""
+        self._closing.set()
+        with self._request_lock:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                self._sock.close()
+        if self.popen is not None:
+            if not self._ready.is_set():  # still importing: it reads its socket only once warm
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+            try:
+                self.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        elif self._pidfd is not None:  # a shared one's: it sees its socket close and exits
+            if not select.select([self._pidfd], [], [], 5.0)[0]:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+                select.select([self._pidfd], [], [], 5.0)
+        # (a shared one not ready yet exits when it finds its socket closed, or is never forked)
         self._reader.join(timeout=5)
+        if self._pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._pidfd)
+            self._pidfd = None

@@ -218,14 +218,16 @@ def _bind_cpus() -> None:
                 os.sched_setaffinity(int(tid), cpus)
 
 
-def _serve(sock: socket.socket) -> tuple[dict[str, Any], int] | None:
+def _serve(sock: socket.socket, *, watch_parent: bool = True) -> tuple[dict[str, Any], int] | None:
     """Fork a worker for each request on ``sock`` and report its pid, reap the workers and
-    report their exit codes, until the agent closes the socket or dies.
+    report their exit codes, until the agent closes the socket or dies (its end closes with
+    it; ``watch_parent``: also when this process's parent, the agent, is gone; not for a
+    standby the host's shared standby forked, whose parent is that one).
 
     Returns:
         In a forked worker, its request and output fd; in the standby, None (time to exit).
     """
-    agent = os.getppid()
+    agent = os.getppid() if watch_parent else None
     wake_r, wake_w = os.pipe()  # SIGCHLD wakes the select (signal.set_wakeup_fd)
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
@@ -234,7 +236,7 @@ def _serve(sock: socket.socket) -> tuple[dict[str, Any], int] | None:
     try:
         while True:
             readable, _, _ = select.select([sock, wake_r], [], [], 1.0)
-            if os.getppid() != agent:
+            if agent is not None and os.getppid() != agent:
                 return None  # (its workers die with it: PR_SET_PDEATHSIG)
             if wake_r in readable:
                 with contextlib.suppress(BlockingIOError):
@@ -321,25 +323,47 @@ def _become_worker(spec: dict[str, Any]) -> None:
     _run(spec["argv"])
 
 
-def main() -> None:
-    sock = socket.socket(fileno=int(os.environ.pop(STANDBY_FD)))
-    low_priority = "--low-priority" in sys.argv[1:]
-    if low_priority:  # workers train on this node already: all of it on idle CPU, then ready
-        _preload_at_low_priority()
-    else:  # the first workers wait for it (the agent rendezvouses meanwhile), then ready
-        _preload()
-    # what is alive now stays alive in every worker: out of the collector's way (its passes
-    # would touch, and so copy, every page of it; at exit they cost a forked worker 1.2 s of
-    # CPU here, 0.5 s frozen). The fork-server use ``gc.freeze`` was made for (its docs).
-    gc.freeze()
+def serve_agent(sock: socket.socket, *, watch_parent: bool = True) -> None:
+    """Be the node's standby from here on, warm: say so to the agent on ``sock``, then fork
+    its workers (:func:`_serve`); in each forked worker, run it (returns only in the
+    standby, when the agent is gone)."""
     standby = os.getpid()
-    send_event(sock, event="ready")
-    forked = _serve(sock)
+    try:
+        send_event(sock, event="ready", pid=standby)
+    except OSError:  # the agent gave up on it meanwhile (it closed its end)
+        return
+    forked = _serve(sock, watch_parent=watch_parent)
     if forked is None:
         return
     spec, out_fd = forked
     _detach(out_fd, standby)
     _become_worker(spec)
+
+
+def warm_up(*, low_priority: bool) -> None:
+    """Import what workers need (:func:`_preload`; ``low_priority``: at the lowest CPU
+    priority, :func:`_preload_at_low_priority`, for a standby started while workers train),
+    then keep what is alive now out of the collector's way: it stays alive in every worker,
+    and the collector's passes would touch, and so copy, every page of it (at exit they cost
+    a forked worker 1.2 s of CPU here, 0.5 s frozen). The fork-server use ``gc.freeze`` was
+    made for (its docs).
+
+    Raises:
+        BaseException: whatever the imports raised.
+    """
+    if low_priority:
+        _preload_at_low_priority()
+    else:
+        _preload()
+    gc.freeze()
+
+
+def main() -> None:
+    sock = socket.socket(fileno=int(os.environ.pop(STANDBY_FD)))
+    # --low-priority: workers train on this node already: all of it on idle CPU, then ready;
+    # else the first workers wait for it (the agent rendezvouses meanwhile)
+    warm_up(low_priority="--low-priority" in sys.argv[1:])
+    serve_agent(sock)
 
 
 if __name__ == "__main__":

@@ -427,6 +427,9 @@ class LiveRecovery:
         self._event = event
         self._straggler_timeout_s = straggler_timeout_s
         self._told = 0  # transitions of the world already turned into events
+        # (round, node_id, local_rank) of the workers told to end ("restart", "stop"): each
+        # exits at once (``dlrover_core.train.live``), on this master's order, not failing
+        self._sent_away: set[tuple[int, int, int]] = set()
 
     @property
     def why_not_now(self) -> str:
@@ -496,13 +499,21 @@ class LiveRecovery:
         """A worker asks for its place in the next generation. ``ended``: the job's end
         state (``""``: running)."""
         if ended:
-            return LiveAssignment(state="stop", reason=f"the job ended {ended}")
-        world = self.world
-        if world is None or world.round != message.round or message.round < required_round:
-            return LiveAssignment(state="restart", reason=self.why_not or "every worker restarts into a new round")
-        answer = world.reform(message)
-        self.progress()
+            answer = LiveAssignment(state="stop", reason=f"the job ended {ended}")
+        elif (world := self.world) is None or world.round != message.round or message.round < required_round:
+            answer = LiveAssignment(state="restart", reason=self.why_not or "every worker restarts into a new round")
+        else:
+            answer = world.reform(message)
+            self.progress()
+        if answer.state in ("restart", "stop") and message.reason != "ready":  # (it exits: train/live.py)
+            self._sent_away.add((message.round, message.node_id, message.local_rank))
         return answer
+
+    def sent_away(self, round_index: int, node_id: int, local_rank: int | None) -> bool:
+        """Whether the worker at ``local_rank`` of ``node_id`` in ``round_index`` was told
+        to end (:meth:`reform` answered "restart" or "stop"): its exit is this master's
+        order carried out, not a failure."""
+        return local_rank is not None and (round_index, node_id, local_rank) in self._sent_away
 
     def tick(self) -> None:
         if self.world is not None:

@@ -174,8 +174,11 @@ class Recovery:
             if decision.counted and not ctx.state.is_terminal:
                 rec = attrs.evolve(rec, recovery=decision.recovery)
             # the result lists the job's failures, not what its end caused (a cancel); after
-            # a failure that ended the job, its peers' reports may hold the root cause
-            if not ended or ctx.state == JobState.FAILED:
+            # a failure that ended the job, its peers' reports may hold the root cause; nor a
+            # worker that exited because the live world told it every worker restarts
+            ordered = (decision.outcome == Outcome.CONSEQUENCE and f.exception is None
+                       and ctx.livework.sent_away(facts.round, facts.node_id, f.local_rank))
+            if (not ended or ctx.state == JobState.FAILED) and not ordered:
                 book.failures.append((rec, decision.counted))
             ctx.event(EventKind.WORKER_FAILED, level="warning", log_fields={
                 "node_id": facts.node_id, "rank": rec.rank, "kind": rec.kind, "detail": rec.detail, "step": rec.step,

@@ -8,6 +8,8 @@ loopback, exactly as on a cluster. ``submit`` writes into the run's log director
     events.jsonl  job events (by the master)  node_<i>/     per-rank logs and progress files
     result.json   the JobResult (by the master, at the end)
     master_addr   the master's current host:port (written by the master once it listens)
+    shared_standby.log  the output of the process that forks every node's warm standby
+                  (the nodes share this machine: ``DLROVER_SHARED_STANDBY``)
 
 A master that dies before writing a result is started again (``supervise``), after a backoff
 that doubles each time, and resumes from its journal. If its port was taken meanwhile it
@@ -126,6 +128,9 @@ class LocalScheduler(SchedulerBackend):
         master = cp.master_process(python=python, job_id=job_id, host="127.0.0.1", port=port, store_host="127.0.0.1",
                                    log_dir=log_dir, variables=base_env, cwd=job.workdir)
         agent_variables = cp.agent_env(base_env, accelerator=accelerator.name, master_addr=master_addr)
+        # the nodes share this machine: one warm process forks every node's standby (unless
+        # the user's environment says DLROVER_SHARED_STANDBY=0: a standby process per node)
+        agent_variables[env.SHARED_STANDBY] = "0" if os.environ.get(env.SHARED_STANDBY) == "0" else "1"
         agents = tuple(
             cp.agent_process(python=python, job_id=job_id, node_id=i, master_addr=master_addr, log_dir=log_dir,
                              variables=agent_variables, cwd=job.workdir)

@@ -173,6 +173,30 @@ def render_launch(doc: dict) -> str:
     return md_table(["from the command to", "torchrun `--standalone`", "`dlrover run`", "ratio"], rows)
 
 
+JOB_CPU_SIDES = {
+    "torchrun": "torchrun, one `--nnodes` launcher per node",
+    "dlrover_shared": "dlrover-core, the nodes' standbys forked from one shared process",
+    "dlrover_per_node": "dlrover-core, a standby process per node (`DLROVER_SHARED_STANDBY=0`)",
+}
+
+
+@renderer("job_cpu", "job_cpu.json")
+def render_job_cpu(doc: dict) -> str:
+    def cell(m: Any) -> str:
+        if not isinstance(m, dict) or not _is_num(m.get("median_s")):
+            return DASH
+        return f"{fixed(m['median_s'], 2)} s ({fixed(m['min_s'], 2)}–{fixed(m['max_s'], 2)})"
+
+    base = get(doc, "cpu", "torchrun", "median_s")
+    rows = []
+    for side, label in JOB_CPU_SIDES.items():
+        cpu = get(doc, "cpu", side, "median_s")
+        ratio = fixed(cpu / base, 2) if _is_num(cpu) and _is_num(base) and base else DASH
+        rows.append([label, cell(get(doc, "cpu", side)), ratio, cell(get(doc, "wall", side))])
+    return md_table([f"a {plain(doc.get('nodes'))}-node job on one host, {plain(doc.get('steps'))} steps",
+                     "CPU time, every process", "vs torchrun", "wall time"], rows)
+
+
 #: the order of the recovery goals in the table; goals not named here follow in the file's order
 RECOVERY_ORDER = (
     "kill_to_survivor_step_s", "kill_to_survivor_step_vs_torchrun", "kill_to_full_world_vs_torchrun",

@@ -168,6 +168,28 @@ def test_forked_workers_draw_their_own_random_numbers_as_cold_processes_do(stand
         assert len({o[column] for o in outs}) == 3, outs
 
 
+def test_what_a_script_leaves_in_its_globals_lives_until_the_interpreter_exits_as_with_python(standby, tmp_path):
+    """Freed at the interpreter's exit, as ``python script.py`` frees it, not when the script
+    returns: freeing a DistributedDataParallel's gloo group while torch's threads still run
+    can deadlock (a benchmark's script hung at its end); at exit those threads end instead."""
+    import subprocess
+
+    # (the class lives in another module: a function of the script itself would tie its
+    # globals into a reference cycle, which only the collector frees, at exit either way)
+    (tmp_path / "left_helper.py").write_text("import sys\n"
+                                             "class Left:\n"
+                                             "    def __del__(self):\n"
+                                             "        print('freed at exit', sys.is_finalizing(), flush=True)\n")
+    (tmp_path / "left_mod.py").write_text("import left_helper\nleft = left_helper.Left()\n")
+    cold = subprocess.run([sys.executable, "-u", str(tmp_path / "left_mod.py")], capture_output=True, text=True,
+                          timeout=60).stdout
+    assert cold == "freed at exit True\n", cold
+    for argv in ([sys.executable, "-u", str(tmp_path / "left_mod.py")], [sys.executable, "-u", "-m", "left_mod"]):
+        proc = standby.fork(argv=argv, env={**os.environ, "PYTHONPATH": str(tmp_path)}, cwd=str(tmp_path))
+        out = proc.stdout.read().decode()
+        assert proc.wait(timeout=30) == 0 and out == cold, (argv, out)
+
+
 def test_a_module_and_a_command_run_as_with_python_m_and_c(standby, tmp_path):
     # as ``python -m``: sys.argv[0] is the module's file
     (tmp_path / "pkg_mod_x.py").write_text("import os, sys\nprint('module', __name__, os.path.basename(sys.argv[0]), sys.argv[1:])\n")

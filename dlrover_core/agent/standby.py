@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import importlib.machinery
 import os
 import runpy
 import select
@@ -41,6 +42,7 @@ import socket
 import sys
 import threading
 import types
+import zipfile
 from collections.abc import Callable
 from typing import Any
 
@@ -179,27 +181,55 @@ def _preload_at_low_priority() -> None:
     _LowPriority(_preload).join()
 
 
+def _new_main() -> types.ModuleType:
+    """A fresh ``__main__`` module in ``sys.modules``, as ``python`` makes for what it runs."""
+    main = types.ModuleType("__main__")
+    sys.modules["__main__"] = main
+    return main
+
+
 def _run(argv: list[str]) -> None:
-    """Run ``python [-u] script|-m module|-c code [args]`` in this process, as ``python`` would."""
+    """Run ``python [-u] script|-m module|-c code [args]`` in this process, as ``python`` would.
+
+    The code runs in a real ``__main__`` module that stays in ``sys.modules`` (``runpy``'s
+    ``run_path`` and ``run_module`` use a temporary one, dropped at return): what a script
+    leaves in its globals is freed when the interpreter exits, as under ``python``, not when
+    the script returns. Freeing it then, with torch's threads still running, can deadlock: a
+    ``DistributedDataParallel`` left in a global frees its gloo process group, whose
+    destructor joins the group's thread while holding the GIL, and that thread may be waiting
+    for the GIL to drop its last work (``benchmarks/job_cpu.py``'s script hung so at its end).
+    At the interpreter's exit such threads cannot take the GIL and end instead.
+    """
     args = argv[1:]  # drop the interpreter
     while args and args[0] == "-u":
         args = args[1:]
     if args and args[0] == "-c":
         sys.argv = ["-c", *args[2:]]
         sys.path[0] = ""
-        main = types.ModuleType("__main__")
-        sys.modules["__main__"] = main
+        main = _new_main()
         exec(compile(args[1], "<string>", "exec"), main.__dict__)
     elif args and args[0] == "-m":
         module, rest = args[1], args[2:]
         sys.argv = [module, *rest]
         sys.path[0] = os.getcwd()
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        _new_main()
+        # what ``python -m`` itself calls: it runs the module in ``sys.modules["__main__"]``
+        # and sets ``sys.argv[0]`` to the module's file
+        runpy._run_module_as_main(module, alter_argv=True)  # type: ignore[attr-defined]
     else:
         script, rest = args[0], args[1:]
         sys.argv = [script, *rest]
         sys.path[0] = os.path.dirname(os.path.abspath(script))
-        runpy.run_path(script, run_name="__main__")
+        if os.path.isfile(script) and not zipfile.is_zipfile(script):
+            main = _new_main()
+            main.__file__ = script
+            main.__loader__ = importlib.machinery.SourceFileLoader("__main__", script)
+            main.__cached__ = None
+            with open(script, "rb") as f:  # (bytes: compile reads a coding declaration)
+                code = compile(f.read(), script, "exec")
+            exec(code, main.__dict__)
+        else:  # a directory or a zip file with a __main__.py, as ``python`` runs them
+            runpy.run_path(script, run_name="__main__")
 
 
 def _bind_cpus() -> None:

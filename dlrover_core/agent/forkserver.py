@@ -78,6 +78,8 @@ log = get_logger()
 _HEADER = struct.Struct("!cI")  # b"F", payload length
 #: A request to the host's shared standby (:mod:`dlrover_core.agent.zygote`): b"S", payload length.
 SHARED_HEADER = struct.Struct("!cI")
+#: How long closing a standby the shared one has not forked yet waits for it to drop the request (seconds).
+_SHARED_DROP_TIMEOUT_S = 10.0
 #: How long an agent waits for the shared standby it started to listen (seconds).
 _SHARED_START_TIMEOUT_S = 30.0
 #: What may differ between the standbys of the nodes that share one (what names the agent).
@@ -547,6 +549,12 @@ class Standby:
         """Retire it: closing its socket makes it exit (its workers, if any, with it); wait
         until it has."""
         self._closing.set()
+        if self.shared and not self._ready.is_set():
+            # asked, not forked yet: the shared standby sees the end of the request and drops
+            # it (or exits, if nobody else waits for it); the socket closes on its side then
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_WR)
+            self._reader.join(timeout=_SHARED_DROP_TIMEOUT_S)
         with self._request_lock:
             with contextlib.suppress(OSError):
                 self._sock.shutdown(socket.SHUT_RDWR)

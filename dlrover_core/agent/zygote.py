@@ -48,8 +48,7 @@ import threading
 import time
 from typing import Any
 
-from dlrover_core.agent import standby
-from dlrover_core.agent.forkserver import SHARED_HEADER, shared_standby_digest
+from dlrover_core.agent.forkserver import SHARED_HEADER, send_event, shared_standby_digest
 
 #: A shared standby that forked no standby this long after it started exits (seconds): the
 #: agent that started it died before it asked.
@@ -116,7 +115,7 @@ class _Request:
 
     def refuse(self, reason: str) -> None:
         with contextlib.suppress(OSError), socket.socket(fileno=self.wire_fd) as wire:
-            standby.send_event(wire, event="refused", reason=reason)
+            send_event(wire, event="refused", reason=reason)
         self.close_fds(wire=False)
 
     def close_fds(self, *, wire: bool = True) -> None:
@@ -150,7 +149,9 @@ def _warm_up_taking_requests(listener: socket.socket, *, low_priority: bool) -> 
     failure: list[BaseException] = []
 
     def work() -> None:
-        try:
+        try:  # (the imports too: this thread takes requests from the start)
+            from dlrover_core.agent import standby
+
             standby.warm_up(low_priority=low_priority)
         except BaseException as exc:  # re-raised on the main thread
             failure.append(exc)
@@ -215,6 +216,9 @@ def _serve(listener: socket.socket, digest: str, pending: list[_Request]) -> tup
             if not forked_any and time.monotonic() - started > _IDLE_EXIT_S:
                 return None
             continue
+        if request.abandoned():  # its agent gave up meanwhile
+            request.close_fds()
+            continue
         reason = _refusal(request.conn, request.request, digest)
         if reason is not None:
             request.refuse(reason)
@@ -265,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     wire, log_fd, request = served
     _become_standby(log_fd, request)
+    from dlrover_core.agent import standby  # heavy (imported by the warm-up already)
+
     standby.serve_agent(wire, watch_parent=False)
     return 0
 

@@ -25,7 +25,7 @@ test: setup
 	$(PY) -m ruff check dlrover_core plugins tests examples
 	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m compileall -q dlrover_core plugins  # bytecode once, read by every process (also under PYTHONDONTWRITEBYTECODE)
-	$(PY) -m pytest -n 2 --dist loadgroup  # pytest-xdist: two worker processes; a module marked xdist_group runs on one
+	$(PY) -m pytest -n 3 --dist loadgroup  # pytest-xdist: three worker processes on the 2 cores (the jobs tests run wait on sleeps and sockets a third of the time); a module marked xdist_group runs on one
 
 lint: setup
 	$(PY) -m ruff check dlrover_core plugins tests examples benchmarks

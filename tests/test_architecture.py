@@ -29,6 +29,10 @@ LAZY_OK = {
     "py_spy": "optional tool",
     "matplotlib": "optional extra (dlrover-core[plot]); importing it takes ~1.6 s",
     "dlrover_plugin_optim_agd._agd": "defines a torch.optim.Optimizer subclass: torch is heavy",
+    "dlrover_core.agent.agent": "the agent (0.3 s of imports): the package's __init__ exports it on first use, so "
+                                "the shared standby starts without it",
+    "dlrover_core.agent.standby": "imports torch: the shared standby imports it on its warm-up thread, taking "
+                                  "requests meanwhile",
 }
 
 

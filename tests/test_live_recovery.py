@@ -225,30 +225,25 @@ def test_two_workers_killed_in_quick_succession_on_a_three_worker_node(tmp_path)
 
 @pytest.mark.timeout(300)
 def test_replacement_killed_while_it_joins(tmp_path):
-    """Rank 1 is SIGKILLed; its replacement is SIGKILLed in the middle of its join, while
-    the survivor sends it the live state (128 MiB of ballast make the send long enough to
-    hit): the survivor goes on, a second replacement joins live, and the killed one never
-    trained a step. (A warm standby's replacement joins within a fraction of a second, so
-    the kill is timed by the send, not by a guess.)"""
+    """Rank 1 is SIGKILLed; its replacement is SIGKILLed in the middle of its join: it has
+    received the live state and is about to load it (``--hold-load`` holds it there, so the
+    kill lands in the join whatever the machine's load), while the survivor waits for it at
+    the next step. The survivor goes on, a second replacement joins live, and the killed one
+    never trained a step."""
     shm_before = shm_entries()
-    run = live_job(tmp_path, "live3", steps=200, extra=("--ballast-mb", "128")).submit()
+    hold = tmp_path / "hold_load"
+    hold.write_text("")
+    run = live_job(tmp_path, "live3", steps=200, extra=("--ballast-mb", "8", "--hold-load", str(hold))).submit()
     pids = first_pids(run, 2)
     wait_for(lambda: run.status().step >= 10, 60, "step 10")
     (tmp_path / "pace").write_text("0.3")  # the survivor trains on until a replacement joins, even on a loaded machine
-    killed_at = time.time()
     os.kill(pids[1], signal.SIGKILL)
-    sending = tmp_path / "out" / f"sending_{pids[0]}"  # (also written when the loop checked the state at start)
-
-    def sends() -> bool:
-        try:
-            return float(sending.read_text()) > killed_at
-        except (OSError, ValueError):
-            return False
-
-    wait_for(sends, 90, "rank 0 sending its state to the replacement", poll_s=0.002)
-    replacement = run.status().worker_pids[1]
-    assert replacement != pids[1]
+    out = tmp_path / "out"
+    loading = wait_for(lambda: sorted(out.glob("loading_*")), 90, "the replacement loading the state it received")
+    replacement = int(loading[0].name.split("_")[1])
+    assert replacement not in pids.values()
     os.kill(replacement, signal.SIGKILL)
+    hold.unlink()  # the next replacement loads at once
     hurry_once_whole(tmp_path, run, 2, gone={pids[1], replacement})
     result = finish(run, shm_before)
     assert result.restarts == 2 and [f.recovery for f in result.failures] == ["live", "live"], result.failures

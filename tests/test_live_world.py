@@ -56,7 +56,7 @@ def test_a_replacement_raises_the_grow_flag_and_joins_at_the_boundary():
     w.worker_died((1, 0))
     assert ask(w, (0, 0), 10, 0).generation == 1
     assert ask(w, (1, 0), 20, -1, reason="join", step=-1).state == "waiting"
-    assert w.keys == ["live/grow/1"]
+    assert w.keys == ["live/abort/0", "live/grow/1"]  # (the dead member's generation aborted)
     grown = ask(w, (0, 0), 10, 1, reason="grow")
     joined = ask(w, (1, 0), 20, -1, reason="join", step=-1)
     assert (grown.generation, grown.world_size, joined.generation, joined.rank) == (2, 2, 2, 1)
@@ -75,7 +75,7 @@ def test_a_silent_member_is_left_out_after_the_straggler_timeout_and_rejoins_lat
     a = ask(w, (0, 0), 10, 0)
     assert (a.generation, a.world_size) == (1, 1)
     # the straggler comes back with its state: it is a joiner of generation 2
-    assert ask(w, (1, 0), 11, 0).state == "waiting" and w.keys == ["live/grow/1"]
+    assert ask(w, (1, 0), 11, 0).state == "waiting" and w.keys == ["live/abort/0", "live/grow/1"]
     ask(w, (0, 0), 10, 1, reason="grow")
     assert ask(w, (1, 0), 11, 0).generation == 2
 
@@ -380,3 +380,21 @@ def test_a_worker_that_cannot_be_re_formed_closes_the_world_and_the_failure_says
     assert LiveRecovery(why_not="failure.live_recovery=False", store_host="h", clock=Clock(),
                         event=lambda kind, **data: None, straggler_timeout_s=30.0).why_not_now == (
         "failure.live_recovery=False")
+
+
+def test_a_dead_member_aborts_its_generation_so_a_survivor_waiting_in_gloo_wakes():
+    """A survivor sending the state to a replacement that dies waits in gloo for ever (no
+    reset reaches a sender waiting for its receiver to be ready): the generation's abort key
+    is set at the member's death, once; a joiner's death changes no running generation."""
+    w = world([(0, 0), (1, 0)])
+    ask(w, (0, 0), 10, 0, reason="ready")
+    ask(w, (1, 0), 11, 0, reason="ready")
+    w.worker_died((1, 0), 11)
+    assert w.keys == ["live/abort/0"]
+    w.worker_died((1, 0), 11)  # told twice: set once
+    assert w.keys == ["live/abort/0"]
+    ask(w, (0, 0), 10, 0)  # the survivor re-forms alone (generation 1)
+    assert ask(w, (1, 0), 12, -1, reason="join").state == "waiting"
+    keys = list(w.keys)
+    w.worker_died((1, 0), 12)  # the replacement died before it was a member
+    assert w.keys == keys and "live/abort/1" not in keys

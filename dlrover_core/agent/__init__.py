@@ -16,6 +16,7 @@ __all__ = ["ElasticAgent"]
 
 def __getattr__(name: str) -> Any:
     if name == "ElasticAgent":
+        # lazy: the shared standby (agent/zygote.py) imports this package without the agent
         from dlrover_core.agent.agent import ElasticAgent
 
         return ElasticAgent

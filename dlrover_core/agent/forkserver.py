@@ -264,6 +264,18 @@ def ask_shared_standby(*, wire: socket.socket, env: dict[str, str], cwd: str, lo
             os.close(log_fd)
 
 
+def _wait_gone(pid: int, timeout_s: float) -> None:
+    """Wait until ``pid`` (not necessarily a child) has exited, at most ``timeout_s``."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return  # gone already
+    try:
+        select.select([fd], [], [], timeout_s)
+    finally:
+        os.close(fd)
+
+
 # ----- the agent's side ----------------------------------------------------------------------------
 
 
@@ -330,6 +342,7 @@ class Standby:
         self.pid: int | None = None  # known once started (its own) or ready (a shared one's)
         self._pidfd: int | None = None  # a shared one's (not this process's child)
         self.shared = False  # forked by the host's shared standby
+        self._exiting_shared: int | None = None  # the shared one that exits as it drops our request
         self._closing = threading.Event()
         self._request_lock = threading.Lock()  # one request on the socket at a time
         self._exits = threading.Condition()  # guards the tables below
@@ -490,6 +503,10 @@ class Standby:
                         self._on_ready(event.get("pid"))
                     elif kind == "refused":
                         return f"the shared standby refused: {event.get('reason')}"
+                    elif kind == "dropped":  # (after close(): it let the request go)
+                        if event.get("exiting") and isinstance(event.get("pid"), int):
+                            self._exiting_shared = event["pid"]
+                        return "the shared standby dropped the request"
                     elif kind == "started":
                         self._on_started(int(event["id"]), event.get("pid"), str(event.get("error") or ""))
                     elif kind == "exited":
@@ -555,6 +572,8 @@ class Standby:
             with contextlib.suppress(OSError):
                 self._sock.shutdown(socket.SHUT_WR)
             self._reader.join(timeout=_SHARED_DROP_TIMEOUT_S)
+            if self._exiting_shared is not None:  # nobody else waited for it: it exits, wait for that
+                _wait_gone(self._exiting_shared, _SHARED_DROP_TIMEOUT_S)
         with self._request_lock:
             with contextlib.suppress(OSError):
                 self._sock.shutdown(socket.SHUT_RDWR)

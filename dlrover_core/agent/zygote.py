@@ -113,6 +113,13 @@ class _Request:
         it before the standby says ready, so anything readable is the end of it)."""
         return bool(select.select([self.wire_fd], [], [], 0)[0])
 
+    def drop(self, *, exiting: bool) -> None:
+        """Let an abandoned request go; its agent, which waits for the end of its socket,
+        learns whether this process exits now (then it waits for that too: ``pid``)."""
+        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(self.wire_fd)) as wire:
+            send_event(wire, event="dropped", exiting=exiting, pid=os.getpid())
+        self.close_fds()
+
     def refuse(self, reason: str) -> None:
         with contextlib.suppress(OSError), socket.socket(fileno=self.wire_fd) as wire:
             send_event(wire, event="refused", reason=reason)
@@ -149,10 +156,11 @@ def _warm_up_taking_requests(listener: socket.socket, *, low_priority: bool) -> 
     failure: list[BaseException] = []
 
     def work() -> None:
-        try:  # (the imports too: this thread takes requests from the start)
-            from dlrover_core.agent import standby
+        try:
+            # lazy: torch's imports on this thread too, while the main one takes requests
+            from dlrover_core.agent.standby import warm_up
 
-            standby.warm_up(low_priority=low_priority)
+            warm_up(low_priority=low_priority)
         except BaseException as exc:  # re-raised on the main thread
             failure.append(exc)
 
@@ -167,8 +175,8 @@ def _warm_up_taking_requests(listener: socket.socket, *, low_priority: bool) -> 
             pending.append(request)
             asked = True
         for request in [r for r in pending if r.abandoned()]:
-            request.close_fds()
             pending.remove(request)
+            request.drop(exiting=not pending)
         if (asked or time.monotonic() - started > _IDLE_EXIT_S) and not pending:
             os._exit(0)  # nobody waits for it any more (the warm-up thread ends with it)
     warm.join()
@@ -190,7 +198,7 @@ def _serve(listener: socket.socket, digest: str, pending: list[_Request]) -> tup
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     children: set[int] = set()
-    forked_any = False
+    served_any = bool(pending)  # a request was taken (forked, refused or dropped)
     started = time.monotonic()
     while True:
         if pending:
@@ -211,13 +219,14 @@ def _serve(listener: socket.socket, digest: str, pending: list[_Request]) -> tup
         else:
             request = None
         if request is None:
-            if forked_any and not children:
+            if not children and (served_any or time.monotonic() - started > _IDLE_EXIT_S):
                 return None  # the job's standbys are gone: so is the job on this host
-            if not forked_any and time.monotonic() - started > _IDLE_EXIT_S:
-                return None
             continue
+        served_any = True
         if request.abandoned():  # its agent gave up meanwhile
-            request.close_fds()
+            request.drop(exiting=not children and not pending)
+            if not children and not pending:
+                return None  # (its agent waits for this process to be gone)
             continue
         reason = _refusal(request.conn, request.request, digest)
         if reason is not None:
@@ -239,7 +248,6 @@ def _serve(listener: socket.socket, digest: str, pending: list[_Request]) -> tup
             listener.close()
             return socket.socket(fileno=request.wire_fd), request.log_fd, request.request
         children.add(pid)
-        forked_any = True
         request.close_fds()
 
 
@@ -269,9 +277,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     wire, log_fd, request = served
     _become_standby(log_fd, request)
-    from dlrover_core.agent import standby  # heavy (imported by the warm-up already)
+    from dlrover_core.agent.standby import serve_agent  # heavy (imported by the warm-up already)
 
-    standby.serve_agent(wire, watch_parent=False)
+    serve_agent(wire, watch_parent=False)
     return 0
 
 

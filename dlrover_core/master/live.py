@@ -165,10 +165,20 @@ class LiveWorld:
                 "checkpoint")
 
     def worker_died(self, slot: Slot, pid: int | None = None) -> None:
-        """A member (or a joiner) died: a forming generation does not wait for it."""
+        """A member (or a joiner) died: a forming generation does not wait for it.
+
+        A member's death is normally seen by its peers' collectives (the connection resets),
+        but not always: a survivor sending the state to a replacement that dies waits in
+        gloo for the replacement to be ready for the next tensor, for ever. So the running
+        generation's abort key is set, as for a lost node (:meth:`node_died`)."""
         if slot in self.members:
+            member = slot in self.survivors()
             self.dead[slot] = pid
             self.holders.discard(slot)
+            if member and self.survivors() and self._aborted < self.generation:
+                self._aborted = self.generation
+                self._set_key(self.abort_key(self.generation))
+                log.info("live_abort_requested", round=self.round, generation=self.generation, slot=slot)
         waiting = self.arrived.get(slot)
         if waiting is not None and (pid is None or waiting.pid == pid):
             del self.arrived[slot]

@@ -597,7 +597,7 @@ class _GrowWatch:
                     self._severed = generation
                     severed = process_group.sever_group()
                     log.warning("live_group_severed", rank=loop.rank, generation=generation, connections=severed,
-                                reason="the job master lost a member node of this generation")
+                                reason="a member of this generation died or its node was lost")
                     self._still = (loop.phase_seq, time.monotonic())
                 if self._severed == generation:
                     self._check_stuck(loop)

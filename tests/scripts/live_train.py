@@ -10,7 +10,9 @@ sleep changes, never the steps, so ranks that read it at different steps stay in
 --probe (the state has a plain object that keeps the step it is at, ``self.step = step``, as
 users write it: the repro live-grow-state), --ballast-mb N (the live state also holds N MiB
 that is sent to a replacement, never saved: the send takes long enough to be interrupted;
-each send writes ``--out/sending_<pid>``), --unsendable (the probe's state holds a
+each send writes ``--out/sending_<pid>``), --hold-load FILE (with a ballast: a replacement
+that received the state writes ``--out/loading_<pid>`` and, while FILE exists (60 s at most),
+waits before it loads it: a window in which it is in the middle of its join), --unsendable (the probe's state holds a
 function, which cannot be sent).
 """
 
@@ -60,9 +62,10 @@ class Probe:
 class Ballast(torch.nn.Module):
     """``mb`` MiB of buffers in the live state; marks each send to a replacement."""
 
-    def __init__(self, mb: int, out: Path) -> None:
+    def __init__(self, mb: int, out: Path, hold_load: str | None = None) -> None:
         super().__init__()
         self.out = out
+        self.hold_load = Path(hold_load) if hold_load else None
         for i in range(max(1, mb // 4)):
             self.register_buffer(f"b{i}", torch.full((2**20,), float(i)))
 
@@ -71,6 +74,14 @@ class Ballast(torch.nn.Module):
         if not args and "prefix" not in kw and f"train{os.sep}live" in frame.f_code.co_filename:
             (self.out / f"sending_{os.getpid()}").write_text(str(time.time()))
         return super().state_dict(*args, **kw)
+
+    def load_state_dict(self, *args, **kw):  # only a replacement loads it: it is never saved
+        if self.hold_load is not None:
+            (self.out / f"loading_{os.getpid()}").write_text(str(time.time()))
+            deadline = time.monotonic() + 60
+            while self.hold_load.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return super().load_state_dict(*args, **kw)
 
 
 def main() -> int:
@@ -86,6 +97,7 @@ def main() -> int:
     p.add_argument("--probe", action="store_true")
     p.add_argument("--unsendable", action="store_true", help="the probe's state holds a function")
     p.add_argument("--ballast-mb", type=int, default=0)
+    p.add_argument("--hold-load", default=None)
     p.add_argument("--out", required=True)
     a = p.parse_args()
     out = Path(a.out)
@@ -101,7 +113,7 @@ def main() -> int:
     if a.probe or a.unsendable:
         state["probe"] = probe
     restored = ckpt.load(state)
-    live_state = {"ballast": Ballast(a.ballast_mb, out), **state} if a.ballast_mb else state
+    live_state = {"ballast": Ballast(a.ballast_mb, out, a.hold_load), **state} if a.ballast_mb else state
     log = open(out / f"steps_{os.getpid()}.jsonl", "a", buffering=1)
     for step in train.steps(a.steps, live_state, start=restored.step + 1 if restored else 0):
         with step:

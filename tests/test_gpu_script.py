@@ -190,17 +190,20 @@ def test_a_part_stopped_by_timeout_keeps_its_json_and_is_reported_failed(tmp_pat
     # take seconds to import what the part imports, and a SIGTERM before its handler is set
     # leaves no JSON, which this test is not about. SIGALRM is timeout's own clock going off
     # (coreutils timeout.c: it then signals the command and exits 124).
-    proc = subprocess.Popen(["timeout", "-k", "5", "45", sys.executable, str(slow), "--device", "cpu",
+    # (-k 30: the part's SIGTERM handler writes its JSON; on a loaded machine that can take
+    # seconds to be scheduled, and timeout's SIGKILL would then leave none)
+    proc = subprocess.Popen(["timeout", "-k", "30", "45", sys.executable, str(slow), "--device", "cpu",
                              "--out", str(out / "slow.json")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "ready"
         os.kill(proc.pid, signal.SIGALRM)
-        stdout, stderr = proc.communicate(timeout=30)
+        stdout, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     assert proc.returncode == 124, stdout + stderr
+    assert (out / "slow.json").exists(), stdout + stderr
     data = json.loads((out / "slow.json").read_text())
     assert data["status"] == "failed" and "terminated" in data["reason"]
     assert data["figures"] == {"measured_before_the_kill": 1}

@@ -268,8 +268,10 @@ def _wait_gone(pid: int, timeout_s: float) -> None:
     """Wait until ``pid`` (not necessarily a child) has exited, at most ``timeout_s``."""
     try:
         fd = os.pidfd_open(pid)
-    except OSError:
-        return  # gone already
+    except OSError:  # gone already (or a kernel before Linux 5.3: then wait by polling)
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).wait(timeout=timeout_s)
+        return
     try:
         select.select([fd], [], [], timeout_s)
     finally:
@@ -593,6 +595,9 @@ class Standby:
                 with contextlib.suppress(OSError):
                     signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
                 select.select([self._pidfd], [], [], 5.0)
+        elif self.shared and self.pid is not None:  # (no pidfd: a kernel before Linux 5.3)
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(self.pid).wait(timeout=5)
         # (a shared one not ready yet exits when it finds its socket closed, or is never forked)
         self._reader.join(timeout=5)
         if self._pidfd is not None:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
-__all__ = ["scrub_paths", "write_result"]
+__all__ = ["scrub_paths", "summary", "write_result"]
 
 
 def _prefixes() -> list[tuple[str, str]]:
@@ -47,3 +48,9 @@ def scrub_paths(doc: Any) -> Any:
 def write_result(path: str | Path, doc: Any, **dumps: Any) -> None:
     """Write ``doc`` (paths scrubbed) as indented JSON to ``path``."""
     Path(path).write_text(json.dumps(scrub_paths(doc), indent=2, **dumps) + "\n")
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    """Median, min and max of a side's samples (seconds), and how many."""
+    return {"median_s": round(statistics.median(values), 3), "min_s": round(min(values), 3),
+            "max_s": round(max(values), 3), "samples": len(values)}

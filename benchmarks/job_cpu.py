@@ -32,14 +32,13 @@ import os
 import platform
 import resource
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _results import write_result  # noqa: E402  (benchmarks/ is the script's directory)
+from _results import summary, write_result  # noqa: E402  (benchmarks/ is the script's directory)
 
 SCRIPT = """
 import os, torch, torch.distributed as dist
@@ -111,11 +110,6 @@ def one_run(side: str, work: Path, nodes: int, steps: int) -> tuple[float, float
     if any(codes):
         raise RuntimeError(f"{side}: exit codes {codes}")
     return _children_cpu_s() - before, wall
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    return {"median_s": round(statistics.median(values), 3), "min_s": round(min(values), 3),
-            "max_s": round(max(values), 3), "samples": len(values)}
 
 
 def main() -> int:

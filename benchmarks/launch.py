@@ -45,14 +45,13 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _results import write_result  # noqa: E402  (benchmarks/ is the script's directory)
+from _results import summary, write_result  # noqa: E402  (benchmarks/ is the script's directory)
 
 FIRST_LINE = "import time; print('FIRST_LINE', repr(time.time()), flush=True)\n"
 #: The second script: the first line, then what a training script does first: import torch,
@@ -97,11 +96,6 @@ def one_run(argv: list[str], cwd: Path, marker: str = "FIRST_LINE") -> tuple[flo
     if not times:
         raise RuntimeError(f"{argv[0]}: the script did not print {marker}:\n{proc.stdout[-2000:]}")
     return (min(times) if marker == "FIRST_LINE" else max(times)) - start, end - start
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    return {"median_s": round(statistics.median(values), 3), "min_s": round(min(values), 3),
-            "max_s": round(max(values), 3), "samples": len(values)}
 
 
 def main() -> int:

@@ -145,6 +145,14 @@ def renderer(name: str, file: str, pending: str | None = None) -> Callable[[Call
     return register
 
 
+def median_cell(m: Any) -> str:
+    """A side's ``{median_s, min_s, max_s}`` (``_results.summary``) as "median s (min–max)"."""
+    if not isinstance(m, dict) or not _is_num(m.get("median_s")):
+        return DASH
+    spread = f" ({fixed(m['min_s'], 2)}–{fixed(m['max_s'], 2)})" if _is_num(m.get("min_s")) and _is_num(m.get("max_s")) else ""
+    return f"{fixed(m['median_s'], 2)} s{spread}"
+
+
 LAUNCH_PHASES = {
     "to_first_line": "the script's first line",
     "to_first_all_reduce": "its first all-reduce (after `import torch`, `init_process_group`)",
@@ -155,12 +163,7 @@ LAUNCH_PHASES = {
 
 @renderer("launch", "launch.json")
 def render_launch(doc: dict) -> str:
-    def cell(m: Any) -> str:
-        if not isinstance(m, dict) or not _is_num(m.get("median_s")):
-            return DASH
-        spread = f" ({fixed(m['min_s'], 2)}–{fixed(m['max_s'], 2)})" if _is_num(m.get("min_s")) and _is_num(m.get("max_s")) else ""
-        return f"{fixed(m['median_s'], 2)} s{spread}"
-
+    cell = median_cell
     phases = [k for k in LAUNCH_PHASES if k in doc]
     phases += [k for k, v in doc.items() if k not in LAUNCH_PHASES and isinstance(v, dict)
                and ("torchrun" in v or "dlrover_run" in v)]
@@ -182,11 +185,7 @@ JOB_CPU_SIDES = {
 
 @renderer("job_cpu", "job_cpu.json")
 def render_job_cpu(doc: dict) -> str:
-    def cell(m: Any) -> str:
-        if not isinstance(m, dict) or not _is_num(m.get("median_s")):
-            return DASH
-        return f"{fixed(m['median_s'], 2)} s ({fixed(m['min_s'], 2)}–{fixed(m['max_s'], 2)})"
-
+    cell = median_cell
     base = get(doc, "cpu", "torchrun", "median_s")
     rows = []
     for side, label in JOB_CPU_SIDES.items():

@@ -69,19 +69,24 @@ def shm_entries() -> set[str]:
         return set()
 
 
-def node_standbys(log_dir: str | Path, node_id: int) -> list[psutil.Process]:
-    """The warm standbys of node ``node_id`` of the run in ``log_dir``: the processes whose
-    output goes to the node's ``standby.log``. (Where nodes share the host's standby, a
-    node's standby is not a child of its agent but of the shared one.)"""
-    log = os.path.realpath(Path(log_dir) / f"node_{node_id}" / "standby.log")
+def writing_to(path: str | Path) -> list[psutil.Process]:
+    """The live processes whose standard output is the file ``path`` (Linux: ``/proc/PID/fd/1``)."""
+    target = os.path.realpath(path)
     found = []
     for p in psutil.process_iter():
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and os.readlink(f"/proc/{p.pid}/fd/1") == log:
+            if p.status() != psutil.STATUS_ZOMBIE and os.readlink(f"/proc/{p.pid}/fd/1") == target:
                 found.append(p)
         except (OSError, psutil.Error):
             continue
     return found
+
+
+def node_standbys(log_dir: str | Path, node_id: int) -> list[psutil.Process]:
+    """The warm standbys of node ``node_id`` of the run in ``log_dir``: the processes whose
+    output goes to the node's ``standby.log``. (Where nodes share the host's standby, a
+    node's standby is not a child of its agent but of the shared one.)"""
+    return writing_to(Path(log_dir) / f"node_{node_id}" / "standby.log")
 
 
 def kill_node(run: Any, node_id: int) -> None:

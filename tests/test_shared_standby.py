@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import job_processes, wait_for
+from helpers import job_processes, wait_for, writing_to
 
 from dlrover_core.agent import forkserver
 from dlrover_core.agent.forkserver import Standby, StandbyGone, shared_standby_digest, shared_standby_name
@@ -49,15 +49,7 @@ def _standby(tmp: Path, job_id: str, node: int, **kw) -> Standby:
 def _shared(tmp: Path) -> list[psutil.Process]:
     """The shared standbys writing to ``tmp``'s ``shared_standby.log`` (the standbys they fork
     keep their command line, but write to their node's log)."""
-    log = os.path.realpath(tmp / "shared_standby.log")
-    out = []
-    for p in psutil.process_iter():
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE and os.readlink(f"/proc/{p.pid}/fd/1") == log:
-                out.append(p)
-        except (OSError, psutil.Error):
-            continue
-    return out
+    return writing_to(tmp / "shared_standby.log")
 
 
 def _fork(standby: Standby, tmp: Path, code: str):

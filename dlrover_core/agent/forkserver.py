@@ -62,6 +62,7 @@ from dlrover_core.logging import get_logger
 
 __all__ = [
     "SHARED_HEADER",
+    "ChildExits",
     "ForkedProcess",
     "Standby",
     "StandbyGone",
@@ -161,6 +162,31 @@ def recv_request(sock: socket.socket) -> tuple[dict[str, Any], int] | None:
         os.close(fds[0])
         raise ValueError(f"a fork request needs argv, env and cwd, got {sorted(request)}")
     return request, fds[0]
+
+
+class ChildExits:
+    """A fork server's children's exits as a descriptor ``select`` can wait on: SIGCHLD
+    writes to a pipe (``signal.set_wakeup_fd``). Used by the standby and the shared standby."""
+
+    def __init__(self) -> None:
+        self.fd, self._w = os.pipe()
+        os.set_blocking(self.fd, False)
+        os.set_blocking(self._w, False)
+        signal.set_wakeup_fd(self._w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+
+    def drain(self) -> None:
+        """Empty the pipe (after ``select`` said it is readable)."""
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self.fd, 512):
+                pass
+
+    def close_in_child(self) -> None:
+        """In a process just forked from the server: SIGCHLD back to its default, the pipe closed."""
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        os.close(self.fd)
+        os.close(self._w)
 
 
 # ----- the host's shared standby ---------------------------------------------------------------------

@@ -48,7 +48,7 @@ from typing import Any
 
 import dlrover_core.train  # noqa: F401  (what workers import, before they are needed)
 from dlrover_core.accelerators.numa import parse_cpu_ranges
-from dlrover_core.agent.forkserver import recv_request, send_event
+from dlrover_core.agent.forkserver import ChildExits, recv_request, send_event
 from dlrover_core.env import CPU_AFFINITY, STANDBY_FD
 from dlrover_core.plugins import get_host, reset_host
 from dlrover_core.train.progress import install_excepthook
@@ -258,20 +258,14 @@ def _serve(sock: socket.socket, *, watch_parent: bool = True) -> tuple[dict[str,
         In a forked worker, its request and output fd; in the standby, None (time to exit).
     """
     agent = os.getppid() if watch_parent else None
-    wake_r, wake_w = os.pipe()  # SIGCHLD wakes the select (signal.set_wakeup_fd)
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
+    exits = ChildExits()  # SIGCHLD wakes the select
     try:
         while True:
-            readable, _, _ = select.select([sock, wake_r], [], [], 1.0)
+            readable, _, _ = select.select([sock, exits.fd], [], [], 1.0)
             if agent is not None and os.getppid() != agent:
                 return None  # (its workers die with it: PR_SET_PDEATHSIG)
-            if wake_r in readable:
-                with contextlib.suppress(BlockingIOError):
-                    while os.read(wake_r, 512):
-                        pass
+            if exits.fd in readable:
+                exits.drain()
             _reap(sock)
             if sock not in readable:
                 continue
@@ -286,10 +280,7 @@ def _serve(sock: socket.socket, *, watch_parent: bool = True) -> tuple[dict[str,
                 send_event(sock, event="started", id=spec.get("id"), pid=None, error=str(exc))
                 continue
             if pid == 0:  # the worker: nothing of the server stays open in it
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                signal.set_wakeup_fd(-1)
-                for fd in (wake_r, wake_w):
-                    os.close(fd)
+                exits.close_in_child()
                 sock.close()
                 return spec, out_fd
             os.close(out_fd)

@@ -40,7 +40,6 @@ import contextlib
 import json
 import os
 import select
-import signal
 import socket
 import struct
 import sys
@@ -48,7 +47,7 @@ import threading
 import time
 from typing import Any
 
-from dlrover_core.agent.forkserver import SHARED_HEADER, send_event, shared_standby_digest
+from dlrover_core.agent.forkserver import SHARED_HEADER, ChildExits, send_event, shared_standby_digest
 
 #: A shared standby that forked no standby this long after it started exits (seconds): the
 #: agent that started it died before it asked.
@@ -116,17 +115,19 @@ class _Request:
     def drop(self, *, exiting: bool) -> None:
         """Let an abandoned request go; its agent, which waits for the end of its socket,
         learns whether this process exits now (then it waits for that too: ``pid``)."""
-        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(self.wire_fd)) as wire:
-            send_event(wire, event="dropped", exiting=exiting, pid=os.getpid())
-        self.close_fds()
+        self._end(event="dropped", exiting=exiting, pid=os.getpid())
 
     def refuse(self, reason: str) -> None:
-        with contextlib.suppress(OSError), socket.socket(fileno=self.wire_fd) as wire:
-            send_event(wire, event="refused", reason=reason)
-        self.close_fds(wire=False)
+        self._end(event="refused", reason=reason)
 
-    def close_fds(self, *, wire: bool = True) -> None:
-        for fd in ((self.wire_fd, self.log_fd) if wire else (self.log_fd,)):
+    def _end(self, **event: Any) -> None:
+        """Tell the agent (on its standby's socket) and let the request go."""
+        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(self.wire_fd)) as wire:
+            send_event(wire, **event)
+        self.close_fds()
+
+    def close_fds(self) -> None:
+        for fd in (self.wire_fd, self.log_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.conn.close()
@@ -192,11 +193,7 @@ def _serve(listener: socket.socket, digest: str, pending: list[_Request]) -> tup
         In a forked standby: its socket to the agent, its log fd and the request; here,
         None (time to exit).
     """
-    wake_r, wake_w = os.pipe()  # SIGCHLD wakes the select (signal.set_wakeup_fd)
-    os.set_blocking(wake_r, False)
-    os.set_blocking(wake_w, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
+    exits = ChildExits()  # SIGCHLD wakes the select
     children: set[int] = set()
     served_any = bool(pending)  # a request was taken (forked, refused or dropped)
     started = time.monotonic()
@@ -204,11 +201,9 @@ def _serve(listener: socket.socket, digest: str, pending: list[_Request]) -> tup
         if pending:
             readable: list[Any] = []
         else:
-            readable, _, _ = select.select([listener, wake_r], [], [], 1.0)
-        if wake_r in readable:
-            with contextlib.suppress(BlockingIOError):
-                while os.read(wake_r, 512):
-                    pass
+            readable, _, _ = select.select([listener, exits.fd], [], [], 1.0)
+        if exits.fd in readable:
+            exits.drain()
         with contextlib.suppress(ChildProcessError):
             while (pid := os.waitpid(-1, os.WNOHANG)[0]) != 0:
                 children.discard(pid)
@@ -238,10 +233,7 @@ def _serve(listener: socket.socket, digest: str, pending: list[_Request]) -> tup
             request.refuse(f"fork failed: {exc}")
             continue
         if pid == 0:  # the standby: nothing of this server stays open in it
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            signal.set_wakeup_fd(-1)
-            for fd in (wake_r, wake_w):
-                os.close(fd)
+            exits.close_in_child()
             for other in pending:
                 other.close_fds()
             request.conn.close()

@@ -79,8 +79,10 @@ log = get_logger()
 _HEADER = struct.Struct("!cI")  # b"F", payload length
 #: A request to the host's shared standby (:mod:`dlrover_core.agent.zygote`): b"S", payload length.
 SHARED_HEADER = struct.Struct("!cI")
-#: How long closing a standby the shared one has not forked yet waits for it to drop the request (seconds).
-_SHARED_DROP_TIMEOUT_S = 10.0
+#: How long closing a standby the shared one has not forked yet waits for it to drop the request
+#: (seconds): it does so once its main thread runs, after its first imports, which a shared
+#: standby started at nice 19 on a busy machine may take more than 10 s to get through.
+_SHARED_DROP_TIMEOUT_S = 60.0
 #: How long an agent waits for the shared standby it started to listen (seconds).
 _SHARED_START_TIMEOUT_S = 30.0
 #: What may differ between the standbys of the nodes that share one (what names the agent).

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from dlrover_core.train import live
+from dlrover_core.train.progress import ProgressWriter
 
 
 class Exited(Exception):
@@ -64,8 +65,28 @@ def test_a_thread_that_moves_on_or_recovers_is_left_alone(exits):
     assert exits == []
 
 
+def _reported(monkeypatch, dts: list[float]) -> None:
+    """The writer saw reports whose step times were ``dts`` (seconds)."""
+    writer = ProgressWriter(None)
+    for step, dt in enumerate(dts):
+        writer._mark = time.monotonic() - dt  # the step began dt ago
+        writer.step(step, {})
+    monkeypatch.setattr(live, "get_writer", lambda: writer)
+
+
 def test_the_grace_is_three_steps_when_steps_are_long(monkeypatch):
-    monkeypatch.setattr(live.get_writer(), "last_dt", 4.0)
-    assert live._stuck_after_s() == 12.0 > live._STUCK_MIN_S
-    monkeypatch.setattr(live.get_writer(), "last_dt", 0.1)
+    _reported(monkeypatch, [4.0] * 5)
+    assert live._stuck_after_s() == pytest.approx(12.0, abs=0.01) and 12.0 > live._STUCK_MIN_S
+    _reported(monkeypatch, [0.1] * 5)
     assert live._stuck_after_s() == live._STUCK_MIN_S
+
+
+def test_one_stalled_report_does_not_stretch_the_grace(monkeypatch):
+    """A host frozen for 16 s between a step's end and its report: that report's time is the
+    freeze, but the grace stays three typical steps (it was 48 s: the thawed worker sat in its
+    stuck collective until the survivor had finished without it)."""
+    _reported(monkeypatch, [0.1] * 20 + [16.0])
+    assert live.get_writer().last_dt == pytest.approx(16.0, abs=0.01)
+    assert live._stuck_after_s() == live._STUCK_MIN_S
+    _reported(monkeypatch, [4.0] * 20 + [0.1])  # and one fast step does not shorten long ones
+    assert live._stuck_after_s() == pytest.approx(12.0, abs=0.01)

@@ -80,14 +80,17 @@ _WATCH_S = 0.05
 #: severed is stuck (seconds; or 3 of its last step's time when longer): see
 #: ``_GrowWatch._check_stuck``. A false "stuck" costs far more than a late one: a survivor
 #: that exits leaves no one to hand the state over (every worker restarts), a late one only
-#: delays one rejoining worker; 2 s made a loaded 2-core machine's survivor exit once.
+#: delays one rejoining worker; 2 s made a loaded 2-core machine's survivor exit once. The
+#: step time is the median of the latest ones, not the last: a host frozen between a step's
+#: end and its report made that report's time as long as the freeze, and the thawed worker
+#: waited three freezes before it left its stuck collective (the survivor had finished).
 _STUCK_MIN_S = 5.0
 #: The exit code of a worker that left a stuck collective this way (EX_TEMPFAIL, sysexits.h).
 EXIT_STUCK = 75
 
 
 def _stuck_after_s() -> float:
-    return max(_STUCK_MIN_S, 3 * get_writer().last_dt)
+    return max(_STUCK_MIN_S, 3 * get_writer().typical_dt_s)
 
 
 #: The abort flag is checked every this many watch ticks by a node's first worker (rank 0:

@@ -14,9 +14,11 @@ counted as productive time.
 
 from __future__ import annotations
 
+import collections
 import math
 import operator
 import os
+import statistics
 import sys
 import threading
 import time
@@ -84,6 +86,7 @@ class ProgressWriter:
         self._file = open(path, "a", buffering=1) if path else None  # line-buffered
         self._lock = threading.Lock()
         self._mark = time.monotonic()
+        self._recent_dts: collections.deque[float] = collections.deque(maxlen=self.TYPICAL_OF)
 
     def mark(self) -> None:
         """Start timing the next step now (after a save, restore or initialisation)."""
@@ -108,6 +111,16 @@ class ProgressWriter:
     steps_reported = 0
     #: the last reported step's time (seconds; 0 before the first)
     last_dt = 0.0
+    #: how many of the latest step times :attr:`typical_dt_s` looks at
+    TYPICAL_OF = 9
+
+    @property
+    def typical_dt_s(self) -> float:
+        """The median of the latest :attr:`TYPICAL_OF` reported step times (seconds; 0 before
+        the first report): a step time one stall cannot inflate (a host frozen or cut off
+        between a step's end and its report makes that one report's time as long as the
+        stall)."""
+        return statistics.median(self._recent_dts) if self._recent_dts else 0.0
 
     #: the run's length in steps, once a report gave it (repeated in every later record, so a
     #: restarted master or a late record still has it)
@@ -130,6 +143,7 @@ class ProgressWriter:
         dt = now - self._mark
         self._mark = now
         self.last_dt = dt
+        self._recent_dts.append(dt)
         clean = {k: _to_float(k, v) for k, v in metrics.items()}
         # (the generation: the master orders records of ranks on different nodes by it)
         self.write(StepRecord(step=int(step), rank=self.rank, dt_s=round(dt, 6), unix_time_s=time.time(),

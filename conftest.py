@@ -26,6 +26,7 @@ def _shares_a_fixture(item: pytest.Item) -> bool:
     return any(d.scope != "function" and d.baseid for defs in info.name2fixturedefs.values() for d in defs)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:

@@ -301,6 +301,31 @@ def test_a_worker_told_by_the_live_world_that_every_worker_restarts_exits_withou
     assert len(m.failures) == 2 and not m.failures[-1][1]
 
 
+def test_a_restarted_master_still_knows_whom_the_live_world_sent_away(workdir):
+    """The master's snapshot carries the workers told to end: after a master restart, the
+    exit of one told "restart" before it is still no failure."""
+    from dlrover_core.protocol import LiveReform
+
+    m = live_master(workdir)
+    ready(m, 0)
+    fail(m, 0, 0, 0, -9)
+    assert m.live_reform(LiveReform(node_id=1, local_rank=0, pid=101, round=0, generation=0, reason="error",
+                                    error="Connection closed by peer")).state == "restart"
+    snap = json.loads(json.dumps(m.snapshot()))
+    assert snap["live_sent_away"] == [[0, 1, 0]]
+    (workdir / "m2").mkdir()
+    (workdir / "m3").mkdir()
+    m2 = JobMaster(m.job, "job-1", store_host="127.0.0.1", store_factory=lambda: (7000, FakeStore()),
+                   log_dir=workdir / "m2", clock=m.clock)
+    m2.restore(snap)
+    assert m2.livework.sent_away(0, 1, 0) and not m2.livework.sent_away(0, 0, 0)
+    del snap["live_sent_away"]  # a journal from before it
+    m3 = JobMaster(m.job, "job-1", store_host="127.0.0.1", store_factory=lambda: (7001, FakeStore()),
+                   log_dir=workdir / "m3", clock=m.clock)
+    m3.restore(snap)
+    assert not m3.livework.sent_away(0, 1, 0)
+
+
 def test_live_recovery_off_or_sharded_state_without_memory_restarts_every_worker(workdir):
     m = live_master(workdir, live_recovery=False)
     assert m.live is None and m.live_why == "failure.live_recovery=False"

@@ -536,6 +536,7 @@ class JobMaster:
                 "nodes": self.nodes.to_journal(), "goodput": self.goodput.to_dict(), "rate": self.rate.to_dict(),
                 "pending_shards": self.checkpoints.pending_shards() if self.checkpoints else [],
                 "checkpoints": self.checkpoints.to_dict() if self.checkpoints else {},
+                "live_sent_away": self.livework.sent_away_to_journal(),
             }
 
     def restore(self, snap: dict[str, Any], entries: Sequence[dict[str, Any]] = ()) -> None:
@@ -562,6 +563,7 @@ class JobMaster:
                 self.rounds.reopen(current.index, int(r["store_port"]))
             self.goodput = GoodputTracker.from_dict(snap["goodput"])
             self.rate = StepRate.from_dict(snap.get("rate") or {})  # (a journal from before it: none)
+            self.livework.load_sent_away(snap.get("live_sent_away") or ())
             if self.checkpoints is not None:
                 self.checkpoints.load_dict(snap.get("checkpoints") or {"pending_shards": snap["pending_shards"]})
             self.event(EventKind.MASTER_RECOVERED, round=r["index"] if r else None, nodes=len(self.nodes), restarts=self.restarts,

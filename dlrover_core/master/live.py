@@ -28,7 +28,7 @@ workers, place a worker asking for its generation), with the events that say wha
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -518,6 +518,16 @@ class LiveRecovery:
         if answer.state in ("restart", "stop") and message.reason != "ready":  # (it exits: train/live.py)
             self._sent_away.add((message.round, message.node_id, message.local_rank))
         return answer
+
+    def sent_away_to_journal(self) -> list[list[int]]:
+        """The workers told to end, ``[round, node_id, local_rank]`` each, for the master's
+        snapshot (soft state: written with the next snapshot, not before the answer; one
+        lost in a crash only lists that worker's exit as a consequence)."""
+        return [list(key) for key in sorted(self._sent_away)]
+
+    def load_sent_away(self, entries: Iterable[Sequence[int]]) -> None:
+        """:meth:`sent_away_to_journal`'s list, after a master restart."""
+        self._sent_away |= {(int(r), int(n), int(lr)) for r, n, lr in entries}
 
     def sent_away(self, round_index: int, node_id: int, local_rank: int | None) -> bool:
         """Whether the worker at ``local_rank`` of ``node_id`` in ``round_index`` was told

@@ -217,6 +217,34 @@ def test_a_standby_closed_before_it_is_ready_leaves_nothing_behind(tmp_path):
     wait_for(lambda: job_processes(job_id) == [], 30, "the job's processes to exit")
 
 
+def test_a_shared_standby_nobody_asks_exits_after_its_idle_time(tmp_path):
+    """The agent that started the shared standby died before it asked: with no request in
+    ``--idle-exit-s`` (60 s by default) it exits, here while it still warms up, leaving
+    nothing behind; once warm, its serving loop does the same (the second half)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(f"\0dlrover-test-idle-{os.getpid()}-{time.monotonic_ns()}")
+    listener.listen()
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "dlrover_core.agent.zygote", "--listen-fd", str(listener.fileno()),
+                             "--idle-exit-s", "0.5"], pass_fds=[listener.fileno()],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and "Traceback" not in out, out
+    assert time.monotonic() - t0 >= 0.5
+    serve = ("import socket, sys, time; from dlrover_core.agent import zygote\n"
+             "listener = socket.socket(fileno=int(sys.argv[1])); t0 = time.monotonic()\n"
+             "print(zygote._serve(listener, 'digest', [], idle_exit_s=1.0), round(time.monotonic() - t0, 1))")
+    out = subprocess.run([sys.executable, "-c", serve, str(listener.fileno())], pass_fds=[listener.fileno()],
+                         capture_output=True, text=True, timeout=60)
+    listener.close()
+    returned, waited_s = out.stdout.split()
+    assert returned == "None" and 1.0 <= float(waited_s) < 30, out
+
+
 # ----- stress -------------------------------------------------------------------------------------
 
 

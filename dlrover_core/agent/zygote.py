@@ -149,7 +149,8 @@ def _take(listener: socket.socket) -> _Request | None:
     return _Request(conn, request, wire_fd, log_fd)
 
 
-def _warm_up_taking_requests(listener: socket.socket, *, low_priority: bool) -> list[_Request]:
+def _warm_up_taking_requests(listener: socket.socket, *, low_priority: bool,
+                             idle_exit_s: float = _IDLE_EXIT_S) -> list[_Request]:
     """Warm up (:func:`dlrover_core.agent.standby.warm_up`, on a thread) while taking the
     requests that come meanwhile; the requests whose agents still wait once warm. Exits the
     process at once when every agent that asked gave up before it was warm (a node whose
@@ -178,7 +179,7 @@ def _warm_up_taking_requests(listener: socket.socket, *, low_priority: bool) -> 
         for request in [r for r in pending if r.abandoned()]:
             pending.remove(request)
             request.drop(exiting=not pending)
-        if (asked or time.monotonic() - started > _IDLE_EXIT_S) and not pending:
+        if (asked or time.monotonic() - started > idle_exit_s) and not pending:
             os._exit(0)  # nobody waits for it any more (the warm-up thread ends with it)
     warm.join()
     if failure:
@@ -186,7 +187,8 @@ def _warm_up_taking_requests(listener: socket.socket, *, low_priority: bool) -> 
     return pending
 
 
-def _serve(listener: socket.socket, digest: str, pending: list[_Request]) -> tuple[socket.socket, int, dict[str, Any]] | None:
+def _serve(listener: socket.socket, digest: str, pending: list[_Request], *,
+           idle_exit_s: float = _IDLE_EXIT_S) -> tuple[socket.socket, int, dict[str, Any]] | None:
     """Fork a standby for each request (``pending`` first) until the last one forked has exited.
 
     Returns:
@@ -214,7 +216,7 @@ def _serve(listener: socket.socket, digest: str, pending: list[_Request]) -> tup
         else:
             request = None
         if request is None:
-            if not children and (served_any or time.monotonic() - started > _IDLE_EXIT_S):
+            if not children and (served_any or time.monotonic() - started > idle_exit_s):
                 return None  # the job's standbys are gone: so is the job on this host
             continue
         served_any = True
@@ -260,11 +262,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="the listening socket, bound by the agent that started this process")
     parser.add_argument("--job-id", default="", help="the job's id (on the command line for ps and cleanup)")
     parser.add_argument("--low-priority", action="store_true", help="warm up at nice 19 (workers train already)")
+    parser.add_argument("--idle-exit-s", type=float, default=_IDLE_EXIT_S,
+                        help="exit when no agent asked within this many seconds (its starter died before asking)")
     args = parser.parse_args(argv)
     digest = shared_standby_digest(dict(os.environ), os.getcwd())
     listener = socket.socket(fileno=args.listen_fd)
-    pending = _warm_up_taking_requests(listener, low_priority=args.low_priority)
-    served = _serve(listener, digest, pending)
+    pending = _warm_up_taking_requests(listener, low_priority=args.low_priority, idle_exit_s=args.idle_exit_s)
+    served = _serve(listener, digest, pending, idle_exit_s=args.idle_exit_s)
     if served is None:
         return 0
     wire, log_fd, request = served

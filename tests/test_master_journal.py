@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from helpers import SCRIPTS, job_processes, wait_for
 
-from dlrover_core import Checkpoint, Failure, Job, JobState
+from dlrover_core import Checkpoint, Failure, Job, JobState, Nodes
 from dlrover_core.errors import DLRoverError
 from dlrover_core.master.job_master import JobMaster
 from dlrover_core.master.journal import Journal
@@ -351,3 +351,37 @@ def _try_bind(sock: socket.socket, port: int) -> bool:
         return True
     except OSError:
         return False
+
+
+def test_a_restarted_master_gives_each_launcher_the_id_it_had(tmp_path):
+    """``dlrover run``'s launchers: the ids handed out are logged before the answer (a line;
+    the snapshot carries the table): after a master restart, host B's launcher (its agent
+    died meanwhile: it asks again to report it) gets node 1 back, not a new id; a new host
+    that stood in for a silent one keeps that id and the old host does not get it back; a
+    new host finds the job full; an id whose agent never registered goes to the next host
+    only after the restored master's grace and the heartbeat timeout."""
+    from dlrover_core.protocol import AssignNode, Register
+
+    j = Job(name="m", entrypoint="t.py", nodes=Nodes(min=2, max=3),
+            failure=Failure(max_restarts=5, heartbeat_timeout_s=30))
+    (tmp_path / "t.py").write_text("")
+    clock = Clock()
+    m = master(tmp_path, j, clock=clock, relaunch=lambda request: None)
+    assert m.assign_node(AssignNode(key="hostA:1")).node_id == 0
+    m.register(Register(node_id=0, host="a", pid=100))
+    assert m.write_journal()  # the snapshot has host A; the lines after it, the others
+    assert [m.assign_node(AssignNode(key=k)).node_id for k in ("hostB:2", "hostC:3")] == [1, 2]
+    m.register(Register(node_id=1, host="b", pid=101))  # host C's launcher died before its agent registered
+    assert [e["assigned"] for e in map(json.loads, (tmp_path / "journal" / "master_journal.log").read_text().splitlines())
+            if "assigned" in e] == [["hostB:2", 1], ["hostC:3", 2]]
+    m2 = master(tmp_path, j, clock=clock, relaunch=lambda request: None, restore=True)
+    assert m2.assign_node(AssignNode(key="hostB:2")).node_id == 1
+    assert m2.assign_node(AssignNode(key="hostA:1")).node_id == 0
+    assert m2.assign_node(AssignNode(key="hostD:4")).node_id == -1  # node 2 is still awaited
+    clock.t += 31
+    assert m2.assign_node(AssignNode(key="hostD:4")).node_id == -1  # (the restore's grace)
+    clock.t += 60
+    assert m2.assign_node(AssignNode(key="hostD:4")).node_id == 2  # stands in for node 2
+    m3 = master(tmp_path, j, clock=clock, relaunch=lambda request: None, restore=True)
+    assert m3.assign_node(AssignNode(key="hostD:4")).node_id == 2
+    assert m3.assign_node(AssignNode(key="hostC:3")).node_id == -1  # the old host, back: no place now

@@ -77,6 +77,8 @@ class JobBook:
                    failures=[(decode(FailureRecord, f), bool(f.get("counted"))) for f in snap["failures"]])
         relaunching = {int(n) for n in snap.get("relaunching") or ()}
         for entry in entries:
+            if "node" not in entry:  # (a launcher's id: Fleet's)
+                continue
             node_id = int(entry["node"]["node_id"])
             if entry.get("succeeded"):
                 book.succeeded.add(node_id)

@@ -16,8 +16,9 @@ its own, and issued again when its node never registers; when fewer live nodes t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from dlrover_core.logging import get_logger
 from dlrover_core.master.context import MasterContext
@@ -89,6 +90,7 @@ class Fleet:
             self._unregistered[node_id] = now
             log.info("node_assigned", node_id=node_id, key=key, stands_in_for=node_id,
                      reason=ctx.book.gone_why.get(node_id, "awaited" if node_id in ctx.nodes else "never registered"))
+            self._note_assigned(key, node_id)
             return node_id
         if len(ctx.nodes) + len(self._unregistered) >= ctx.job.nodes.max:  # (else it cannot be full: no scan)
             placed = ({n for n, rec in ctx.nodes.items() if not rec.gone} | set(ctx.book.relaunching)
@@ -99,7 +101,19 @@ class Fleet:
         node_id = self._assigned[key] = known + 1
         self._unregistered[node_id] = now
         log.info("node_assigned", node_id=node_id, key=key)
+        self._note_assigned(key, node_id)
         return node_id
+
+    def _note_assigned(self, key: str, node_id: int) -> None:
+        """Log the id handed out before the answer (a line, not a snapshot: every host asks
+        once when the job starts): a restarted master gives the host the same id."""
+        self._ctx.wal.note({"assigned": [key, node_id]}, node_id=node_id, point="node_assigned")
+
+    def assigned_to_journal(self) -> dict[str, int]:
+        """The launchers' keys and the node ids handed out to them (:meth:`assign`), for the
+        master's snapshot: a host's launcher asks again after a master restart (to report
+        its agent's exit, or to start it again) and must get the same id."""
+        return dict(self._assigned)
 
     def register(self, node_id: int, *, host: str, pid: int, replica_addr: str = "") -> NodeRecord:
         """An agent starts for ``node_id``: it gets a new fencing token (from now on the
@@ -130,11 +144,20 @@ class Fleet:
             log.warning("agent_fenced", node_id=node_id, token=token, current=node.token)  # type: ignore[union-attr]
         return stale
 
-    def restored(self, now: float, grace_s: float, current: Round | None) -> None:
+    def restored(self, now: float, grace_s: float, current: Round | None,
+                 assigned: Mapping[str, int] | None = None, assigned_after: Sequence[Sequence[Any]] = ()) -> None:
         """After a master restart: every node gets a heartbeat timeout plus ``grace_s`` to
         find the new master; a node that waited for a round the master does not remember
-        rejoins; a node being relaunched is expected."""
+        rejoins; a node being relaunched is expected. ``assigned``: the snapshot's
+        :meth:`assigned_to_journal` table, then the ``[key, node id]`` lines logged after it,
+        in order (an id handed to a new key leaves the old one); an id handed out whose agent
+        had not registered gets the same grace before another host may take it."""
         ctx = self._ctx
+        self._assigned = {str(k): int(v) for k, v in (assigned or {}).items()}
+        for key, node_id in assigned_after:
+            self._assigned = {k: v for k, v in self._assigned.items() if v != int(node_id)}
+            self._assigned[str(key)] = int(node_id)
+        self._unregistered = {n: now + grace_s for n in self._assigned.values() if n not in ctx.nodes}
         self.last_token = max((n.token for n in ctx.nodes.values()), default=0)
         for node in ctx.nodes.values():
             node.last_heartbeat = now + grace_s

@@ -537,6 +537,7 @@ class JobMaster:
                 "pending_shards": self.checkpoints.pending_shards() if self.checkpoints else [],
                 "checkpoints": self.checkpoints.to_dict() if self.checkpoints else {},
                 "live_sent_away": self.livework.sent_away_to_journal(),
+                "assigned": self.fleet.assigned_to_journal(),
             }
 
     def restore(self, snap: dict[str, Any], entries: Sequence[dict[str, Any]] = ()) -> None:
@@ -556,9 +557,10 @@ class JobMaster:
             rnd = None if r is None else Round(index=r["index"], node_ids=tuple(r["node_ids"]), nproc=tuple(r["nproc"]))
             self.rdzv.restore(rnd)
             self._whole_rounds_from = rnd.index + 1 if rnd is not None else 0
-            self.nodes = NodeTable.from_journal([*snap["nodes"], *(e["node"] for e in entries)])  # later lines win
+            self.nodes = NodeTable.from_journal([*snap["nodes"], *(e["node"] for e in entries if "node" in e)])  # later lines win
             current = rnd if rnd is not None and rnd.index >= self.required_round else None
-            self.fleet.restored(now, _RESTORE_GRACE_S, current)
+            self.fleet.restored(now, _RESTORE_GRACE_S, current, snap.get("assigned") or {},
+                                [e["assigned"] for e in entries if "assigned" in e])
             if current is not None and r.get("store_port"):
                 self.rounds.reopen(current.index, int(r["store_port"]))
             self.goodput = GoodputTracker.from_dict(snap["goodput"])

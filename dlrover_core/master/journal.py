@@ -18,7 +18,8 @@ Two files in the run's log directory:
 Journal points (the names the test hook takes): snapshots at ``round_formed``,
 ``restart_decided``, ``membership_changed``, ``step_committed``, ``restore_decided``, ``job_finished`` and
 ``master_recovered``; lines at ``node_placed`` (told its place in a round),
-``node_succeeded``, ``node_lost``, ``node_excluded`` and ``relaunch_issued``.
+``node_succeeded``, ``node_lost``, ``node_excluded``, ``relaunch_issued`` and ``node_assigned``
+(a host's launcher given its node id).
 
 Every snapshot carries ``version`` (increasing: an older snapshot never replaces a newer one,
 whatever the order the threads that took them write in) and ``seq``, the last log line it

@@ -77,7 +77,7 @@ _MAX_REFORM_TRIES = 10
 #: How often rank 0's watcher asks the store whether a replacement waits to join (seconds).
 _WATCH_S = 0.05
 #: A training thread still in the same step or boundary this long after its group was
-#: severed is stuck (seconds; or 3 of its last step's time when longer): see
+#: severed is stuck (seconds; or 3 typical step times when longer): see
 #: ``_GrowWatch._check_stuck``. A false "stuck" costs far more than a late one: a survivor
 #: that exits leaves no one to hand the state over (every worker restarts), a late one only
 #: delays one rejoining worker; 2 s made a loaded 2-core machine's survivor exit once. The

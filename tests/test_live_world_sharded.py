@@ -118,6 +118,21 @@ def test_a_sharded_world_waits_for_the_replacement_and_keeps_every_rank():
     assert w.members == [(0, 0), (0, 1), (1, 0)]
 
 
+def test_a_lost_nodes_worker_that_still_asks_is_not_placed_and_its_replacement_sets_the_step():
+    """Node 1 is lost (its agent's exit seen); its worker, a moment from its own death, still
+    asks to re-form with its snapshots (39, 40). It is told to restart, not placed: placed,
+    the generation formed at 40 would die with it, and its replacement, whose buddy holds rank
+    1's replicas of 38 and 39 only, could never join at 40 (the whole world restarted after
+    30 s). The survivor and the replacement form the generation at 39."""
+    clock = Clock()
+    w = world(clock, members=((0, 0), (1, 0)))
+    w.node_died(1)
+    assert w.reform(ask((1, 0), "error", step=40, memory=(39, 40))).state == "restart"
+    assert w.reform(ask((0, 0), "error", step=41, memory=(39, 40))).state == "waiting"
+    joined = w.reform(ask((1, 0), "join", pid=555, generation=-1, memory=(38, 39), replica=False))
+    assert (joined.state, joined.generation, joined.rank, joined.resume_step) == ("ready", 1, 1, 39)
+
+
 def test_a_survivor_that_never_asks_closes_a_sharded_world():
     clock = Clock()
     w = world(clock)

@@ -249,7 +249,11 @@ class LiveWorld:
                 self.ready.add(slot)
                 return self._assignment(slot)
             return LiveAssignment(state="restart", reason=f"worker {slot} is not in generation {self.generation}")
-        if slot in self.dead and self.dead[slot] == message.pid:
+        if slot in self.dead and (self.dead[slot] == message.pid or (self.dead[slot] is None and message.reason != "join")):
+            # its exit was seen; or its node was lost and it is the lost incarnation, still
+            # running a moment (a machine's processes do not all die at once) or cut off: a
+            # replacement asks "join". Placed in the next generation, it would die in it (or
+            # pin a resume step its replacement's snapshots do not have).
             return LiveAssignment(state="restart", reason=f"worker {slot} was declared dead")
         self.arrived[slot] = message
         now = self._clock()

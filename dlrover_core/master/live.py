@@ -249,11 +249,14 @@ class LiveWorld:
                 self.ready.add(slot)
                 return self._assignment(slot)
             return LiveAssignment(state="restart", reason=f"worker {slot} is not in generation {self.generation}")
-        if slot in self.dead and (self.dead[slot] == message.pid or (self.dead[slot] is None and message.reason != "join")):
-            # its exit was seen; or its node was lost and it is the lost incarnation, still
-            # running a moment (a machine's processes do not all die at once) or cut off: a
-            # replacement asks "join". Placed in the next generation, it would die in it (or
-            # pin a resume step its replacement's snapshots do not have).
+        lost_incarnation = self.sharded and self.dead.get(slot, 0) is None and message.reason != "join"
+        if slot in self.dead and (self.dead[slot] == message.pid or lost_incarnation):
+            # its exit was seen; or, in a sharded world, its node was lost and this is the
+            # lost incarnation (a replacement asks "join"), still running a moment (a
+            # machine's processes do not all die at once) or cut off. Placed, the generation
+            # would die with it, and a world that forms only whole would wait for a slot its
+            # relaunched node is not asked to fill. (A replicated world may take it back: a
+            # thawed host's worker rejoins in place, and one that dies leaves it smaller.)
             return LiveAssignment(state="restart", reason=f"worker {slot} was declared dead")
         self.arrived[slot] = message
         now = self._clock()

@@ -163,7 +163,6 @@ LAUNCH_PHASES = {
 
 @renderer("launch", "launch.json")
 def render_launch(doc: dict) -> str:
-    cell = median_cell
     phases = [k for k in LAUNCH_PHASES if k in doc]
     phases += [k for k, v in doc.items() if k not in LAUNCH_PHASES and isinstance(v, dict)
                and ("torchrun" in v or "dlrover_run" in v)]
@@ -171,8 +170,8 @@ def render_launch(doc: dict) -> str:
     for key in phases:
         t, d = get(doc, key, "torchrun", "median_s"), get(doc, key, "dlrover_run", "median_s")
         ratio = fixed(d / t, 2) if _is_num(t) and _is_num(d) and t else DASH
-        rows.append([LAUNCH_PHASES.get(key, f"`{key}`"), cell(get(doc, key, "torchrun")),
-                     cell(get(doc, key, "dlrover_run")), ratio])
+        rows.append([LAUNCH_PHASES.get(key, f"`{key}`"), median_cell(get(doc, key, "torchrun")),
+                     median_cell(get(doc, key, "dlrover_run")), ratio])
     return md_table(["from the command to", "torchrun `--standalone`", "`dlrover run`", "ratio"], rows)
 
 
@@ -185,13 +184,12 @@ JOB_CPU_SIDES = {
 
 @renderer("job_cpu", "job_cpu.json")
 def render_job_cpu(doc: dict) -> str:
-    cell = median_cell
     base = get(doc, "cpu", "torchrun", "median_s")
     rows = []
     for side, label in JOB_CPU_SIDES.items():
         cpu = get(doc, "cpu", side, "median_s")
         ratio = fixed(cpu / base, 2) if _is_num(cpu) and _is_num(base) and base else DASH
-        rows.append([label, cell(get(doc, "cpu", side)), ratio, cell(get(doc, "wall", side))])
+        rows.append([label, median_cell(get(doc, "cpu", side)), ratio, median_cell(get(doc, "wall", side))])
     return md_table([f"a {plain(doc.get('nodes'))}-node job on one host, {plain(doc.get('steps'))} steps",
                      "CPU time, every process", "vs torchrun", "wall time"], rows)
 

@@ -90,3 +90,38 @@ def test_one_stalled_report_does_not_stretch_the_grace(monkeypatch):
     assert live._stuck_after_s() == live._STUCK_MIN_S
     _reported(monkeypatch, [4.0] * 20 + [0.1])  # and one fast step does not shorten long ones
     assert live._stuck_after_s() == pytest.approx(12.0, abs=0.01)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_the_grace_read_by_the_watch_thread_while_steps_are_reported_stays_in_range(seed):
+    """The training thread reports steps (random times, one long stall among them) while the
+    watch thread reads the grace: every read succeeds and lies between 5 s and three of the
+    longest step time reported."""
+    import random
+    import threading
+
+    rnd = random.Random(seed)
+    writer = ProgressWriter(None)
+    dts = [rnd.uniform(0.01, 3.0) for _ in range(3000)]
+    dts[rnd.randrange(len(dts))] = 100.0
+    done, errors, reads = threading.Event(), [], []
+
+    def watch() -> None:
+        while not done.is_set():
+            try:
+                reads.append(max(live._STUCK_MIN_S, 3 * writer.typical_dt_s))
+            except Exception as exc:  # noqa: BLE001 (the invariant: none)
+                errors.append(exc)
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    for step, dt in enumerate(dts):
+        writer._mark = time.monotonic() - dt
+        writer.step(step, {})
+        if rnd.random() < 0.01:
+            time.sleep(0)
+    done.set()
+    thread.join()
+    assert errors == [] and reads
+    assert all(live._STUCK_MIN_S <= r <= 3 * 100.1 for r in reads)
+    assert max(live._STUCK_MIN_S, 3 * writer.typical_dt_s) < 3 * 3.1  # the stall alone moved no median

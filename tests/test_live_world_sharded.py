@@ -183,11 +183,12 @@ def test_a_lost_nodes_ranks_must_survive_somewhere_else_in_memory(members, group
 
 @pytest.mark.parametrize("seed", range(40))
 def test_random_deaths_and_asking_orders_keep_a_sharded_worlds_invariants(seed):
-    """Seeded random schedules: members die (one or two), survivors and replacements ask in
-    random orders, some ask again, the clock jumps. Whatever happens: a generation forms
-    only with every slot, each member keeps its rank, all get the same resume step and it
-    is one each of them can restore; or the world closes saying why, and then answers
-    ``restart`` to everyone."""
+    """Seeded random schedules: members die (one or two workers, or a whole node, whose dying
+    workers may still ask with their own state), survivors and replacements ask in random
+    orders, some ask again, the clock jumps. Whatever happens: a lost node's incarnation is
+    never placed; a generation forms only with every slot, each member keeps its rank, all
+    get the same resume step and it is one each of them can restore; or the world closes
+    saying why, and then answers ``restart`` to everyone."""
     import random
 
     rnd = random.Random(seed)
@@ -197,12 +198,21 @@ def test_random_deaths_and_asking_orders_keep_a_sharded_worlds_invariants(seed):
         members = [(0, 0), (0, 1)]
     w = world(clock, members=tuple(members))
     applied = rnd.randint(5, 30)
-    dead = rnd.sample(members, rnd.randint(1, min(2, len(members) - 1)))
+    nodes = sorted({n for n, _ in members})
+    lost_node = rnd.choice(nodes) if len(nodes) > 1 and rnd.random() < 0.5 else None
+    if lost_node is not None:
+        dead = [m for m in members if m[0] == lost_node]
+        w.node_died(lost_node)
+    else:
+        dead = rnd.sample(members, rnd.randint(1, min(2, len(members) - 1)))
     options: dict = {}
-    pending = []
+    pending, ghosts = [], []
     for slot in members:
         if slot in dead:
-            w.worker_died(slot, pid=100 + slot[1] + 10 * slot[0])
+            if lost_node is None:
+                w.worker_died(slot, pid=100 + slot[1] + 10 * slot[0])
+            else:  # the dying incarnation asks with a newer snapshot than its replacement gets
+                ghosts.append(ask(slot, "error", step=applied + 1, memory=(applied, applied + 1)))
             mem = tuple(sorted(rnd.sample([applied - 1, applied, applied + 1], rnd.randint(0, 2))))
             options[slot] = set(mem)
             pending.append(ask(slot, "join", pid=900 + slot[1] + 10 * slot[0], generation=-1, replica=False,
@@ -213,11 +223,14 @@ def test_random_deaths_and_asking_orders_keep_a_sharded_worlds_invariants(seed):
             options[slot] = set(mem) | {step}
             pending.append(ask(slot, "error", step=step, memory=mem))
     answers: dict = {}
-    for _ in range(3 * len(pending)):
-        message = rnd.choice(pending)
+    for _ in range(3 * len(pending) + len(ghosts)):
+        message = rnd.choice(pending + ghosts)
         if rnd.random() < 0.1:
             clock.t += rnd.choice([1.0, 40.0])
         answer = w.reform(message)
+        if message in ghosts:
+            assert answer.state == "restart", (message, answer)
+            continue
         answers[(message.node_id, message.local_rank)] = answer
         if w.closed:
             break

@@ -219,8 +219,8 @@ def test_a_standby_closed_before_it_is_ready_leaves_nothing_behind(tmp_path):
 
 def test_a_shared_standby_nobody_asks_exits_after_its_idle_time(tmp_path):
     """The agent that started the shared standby died before it asked: with no request in
-    ``--idle-exit-s`` (60 s by default) it exits, here while it still warms up, leaving
-    nothing behind; once warm, its serving loop does the same (the second half)."""
+    ``--idle-exit-s`` (60 s by default) it exits (code 0), here while it still warms up;
+    once warm, its serving loop does the same (the second half)."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(f"\0dlrover-test-idle-{os.getpid()}-{time.monotonic_ns()}")
     listener.listen()

@@ -624,8 +624,7 @@ class Standby:
                     signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
                 select.select([self._pidfd], [], [], 5.0)
         elif self.shared and self.pid is not None:  # (no pidfd: a kernel before Linux 5.3)
-            with contextlib.suppress(psutil.Error):
-                psutil.Process(self.pid).wait(timeout=5)
+            _wait_gone(self.pid, 5.0)
         # (a shared one not ready yet exits when it finds its socket closed, or is never forked)
         self._reader.join(timeout=5)
         if self._pidfd is not None:

@@ -249,14 +249,7 @@ class LiveWorld:
                 self.ready.add(slot)
                 return self._assignment(slot)
             return LiveAssignment(state="restart", reason=f"worker {slot} is not in generation {self.generation}")
-        lost_incarnation = self.sharded and self.dead.get(slot, 0) is None and message.reason != "join"
-        if slot in self.dead and (self.dead[slot] == message.pid or lost_incarnation):
-            # its exit was seen; or, in a sharded world, its node was lost and this is the
-            # lost incarnation (a replacement asks "join"), still running a moment (a
-            # machine's processes do not all die at once) or cut off. Placed, the generation
-            # would die with it, and a world that forms only whole would wait for a slot its
-            # relaunched node is not asked to fill. (A replicated world may take it back: a
-            # thawed host's worker rejoins in place, and one that dies leaves it smaller.)
+        if self._stale(slot, message):
             return LiveAssignment(state="restart", reason=f"worker {slot} was declared dead")
         self.arrived[slot] = message
         now = self._clock()
@@ -275,6 +268,22 @@ class LiveWorld:
         if placed is not None and placed[0] == message.pid and placed[1].generation > message.generation:
             return placed[1]
         return LiveAssignment(state="waiting")
+
+    def _stale(self, slot: Slot, message: LiveReform) -> bool:
+        """Whether ``message`` comes from an incarnation of ``slot`` that was replaced or
+        declared dead (a replacement asks "join"): its exit was seen (its pid); a newer
+        process holds the slot in a formed generation; or, in a sharded world, its node was
+        lost (pid unknown) and this is the lost incarnation, still running a moment (a
+        machine's processes do not all die at once) or cut off. Placed, the generation would
+        die with it, and a world that forms only whole would wait for a slot its relaunched
+        node is not asked to fill. (A replicated world may take a lost node's worker back: a
+        thawed host's worker rejoins in place, and one that dies leaves the world smaller.)"""
+        if message.reason == "join":
+            return slot in self.dead and self.dead[slot] == message.pid
+        if slot in self.dead:
+            return self.dead[slot] == message.pid or (self.sharded and self.dead[slot] is None)
+        placed = self._placed.get(slot)
+        return placed is not None and slot in self.members and placed[0] != message.pid
 
     # ----- forming ------------------------------------------------------------------------
 

@@ -109,8 +109,6 @@ class ProgressWriter:
     last_step = -1
     #: steps this process reported (0: an exception now is raised before its first step)
     steps_reported = 0
-    #: the last reported step's time (seconds; 0 before the first)
-    last_dt = 0.0
     #: how many of the latest step times :attr:`typical_dt_s` looks at
     TYPICAL_OF = 9
 
@@ -119,8 +117,16 @@ class ProgressWriter:
         """The median of the latest :attr:`TYPICAL_OF` reported step times (seconds; 0 before
         the first report): a step time one stall cannot inflate (a host frozen or cut off
         between a step's end and its report makes that one report's time as long as the
-        stall)."""
-        return statistics.median(self._recent_dts) if self._recent_dts else 0.0
+        stall). Read by the live world's watch thread while the training thread reports."""
+        with self._lock:
+            recent = tuple(self._recent_dts)
+        return statistics.median(recent) if recent else 0.0
+
+    @property
+    def last_dt(self) -> float:
+        """The last reported step's time (seconds; 0 before the first)."""
+        with self._lock:
+            return self._recent_dts[-1] if self._recent_dts else 0.0
 
     #: the run's length in steps, once a report gave it (repeated in every later record, so a
     #: restarted master or a late record still has it)
@@ -142,8 +148,8 @@ class ProgressWriter:
         now = time.monotonic()
         dt = now - self._mark
         self._mark = now
-        self.last_dt = dt
-        self._recent_dts.append(dt)
+        with self._lock:
+            self._recent_dts.append(dt)
         clean = {k: _to_float(k, v) for k, v in metrics.items()}
         # (the generation: the master orders records of ranks on different nodes by it)
         self.write(StepRecord(step=int(step), rank=self.rank, dt_s=round(dt, 6), unix_time_s=time.time(),

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from dlrover_core import Job
-from dlrover_core.checkpoint.shm import SHM_DIR
+from dlrover_core.checkpoint.shm import SHM_DIR, SnapshotSlot
 from dlrover_core.protocol import JobState
 from dlrover_core.runner import JobRun
 from dlrover_core.scheduler_backend import JobHandle
@@ -59,6 +59,23 @@ def _segments(job_id: str) -> list[str]:
 def _events(run: JobRun) -> list[dict]:
     path = Path(run.handle.log_dir) / "events.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _newest_snapshots(job_id: str) -> dict[int, int]:
+    """rank -> the step of its newest complete snapshot in this host's shared memory (its own
+    slots and the replicas of it the buddy holds, never newer than its own)."""
+    newest: dict[int, int] = {}
+    for path in _segments(job_id):
+        slot = SnapshotSlot.open(path.name, create=False)
+        if slot is None:
+            continue
+        try:
+            h = slot.header()
+        finally:
+            slot.close()
+        if h is not None and h.valid:
+            newest[h.rank] = max(h.step, newest.get(h.rank, -1))
+    return newest
 
 
 def _wait_step(run: JobRun, step: int, timeout_s: float) -> None:
@@ -210,6 +227,12 @@ def test_time_limit_warning_requeues_and_resumes_from_the_breakpoint(submitted, 
 
     def warn_then_release() -> None:
         _wait_step(run, 15, 90)
+        # and every rank's newest snapshot is of step 15 or later: with two nodes the
+        # snapshots are replicated, and a rank snapshots at its replicas' pace, not every step
+        deadline = time.monotonic() + 60
+        while not ((newest := _newest_snapshots(run.job_id)) and len(newest) == 2 and min(newest.values()) >= 15):
+            assert time.monotonic() < deadline, newest
+            time.sleep(0.05)
         slurm_cluster.run("scancel", "--batch", "--signal=USR1", native)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
